@@ -1,0 +1,181 @@
+"""Every event obs knows, declared once, and the bus that carries them.
+
+Adapters (``obs.runtime.torch``) publish; features (recorder, printsink, exporters) subscribe.
+Handlers are called positionally with the event's declared arguments.  A subscription
+returns a :class:`Subscription` handle (idempotent ``remove()``, usable as a context
+manager).  Adapters watch the bus: an event nobody subscribes to installs no hook at all.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from obs._core.internal import report_internal_error
+
+__all__ = ["Event", "EventBus", "EventSpec", "HookValidationError", "Subscription", "bus"]
+
+Handler = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """Name, positional arguments and meaning of one event."""
+
+    name: str
+    args: tuple[str, ...]
+    doc: str
+
+
+class Event(enum.Enum):
+    """The events of a training process, in the order a step sees them."""
+
+    STEP_BEGIN = EventSpec("step_begin", ("step",), "A training step starts; `step` counts from 1.")
+    STEP_END = EventSpec("step_end", ("step", "duration_ns"), "A training step ended (optimizer.step returned or "
+                         "`obs.step()` exited); `duration_ns` is wall time since its begin.")
+    MODULE_ENTER = EventSpec("module_enter", ("scope", "module"), "An nn.Module's forward starts; `scope` is its "
+                             "MindSpore-style full name, e.g. `Default/net-Net/fc1-Linear`.")
+    MODULE_EXIT = EventSpec("module_exit", ("scope", "module", "error"), "An nn.Module's forward returned, or raised "
+                            "`error` (None on success).")
+    OP = EventSpec("op", ("name", "args", "kwargs", "duration_ns", "error"), "One operator (aten op) ran; `name` is "
+                   "its overload name, `args`/`kwargs` its inputs, `error` what it raised or None.")
+    GRAPH_COMPILED = EventSpec("graph_compiled", ("name", "graph_module", "example_inputs"), "`obs.compile` captured "
+                               "a graph (a torch.fx.GraphModule) and is about to hand it to the backend.")
+    MEMORY = EventSpec("memory", ("step", "stats"), "Memory at a step boundary: a dict of CUDA allocator statistics "
+                       "on GPU, process RSS on CPU.")
+    COLLECTIVE = EventSpec("collective", ("record",), "A torch.distributed collective changed state "
+                           "(scheduled/started/completed); `record` is a dict.")
+    PRINT = EventSpec("print", ("values", "meta"), "`obs.Print` was called with `values`; `meta` holds call "
+                      "sequence, time, step, rank and source location.")
+    FAULT = EventSpec("fault", ("kind", "detail", "error"), "Something failed: `kind` says what (module_error, "
+                      "op_error, exception, signal, hang), `detail` where, `error` the exception if any.")
+    SETTINGS_CHANGED = EventSpec("settings_changed", ("source", "changes"), "Settings in force changed; `changes` "
+                                 "maps key to (old, new), `source` is set_context, reset or the reloaded file.")
+
+    @property
+    def spec(self) -> EventSpec:
+        return self.value  # type: ignore[no-any-return]
+
+
+class HookValidationError(TypeError):
+    """A handler cannot accept the arguments of the event it subscribes to."""
+
+
+class Subscription:
+    """Handle of one subscription; ``remove()`` is idempotent, ``with`` removes on exit."""
+
+    __slots__ = ("_bus", "event", "handler", "__weakref__")
+
+    def __init__(self, bus: EventBus, event: Event, handler: Handler) -> None:
+        self._bus: weakref.ref[EventBus] | None = weakref.ref(bus)
+        self.event = event
+        self.handler = handler
+
+    def remove(self) -> None:
+        ref, self._bus = self._bus, None
+        owner = ref() if ref is not None else None
+        if owner is not None:
+            owner._remove(self)
+
+    @property
+    def active(self) -> bool:
+        return self._bus is not None
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def _check_arity(event: Event, handler: Handler) -> None:
+    try:
+        sig = inspect.signature(handler)
+    except (TypeError, ValueError):  # builtins without a signature: trust them
+        return
+    try:
+        sig.bind(*event.spec.args)
+    except TypeError as exc:
+        raise HookValidationError(
+            f"handler {getattr(handler, '__qualname__', handler)!r} cannot subscribe to {event.name}: it must accept "
+            f"{len(event.spec.args)} positional argument(s) ({', '.join(event.spec.args)}), but {exc}") from None
+
+
+class EventBus:
+    """Copy-on-write handler tuples per event; emitting iterates a snapshot without locking."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._subs: dict[Event, tuple[Subscription, ...]] = {e: () for e in Event}
+        self._handlers: dict[Event, tuple[Handler, ...]] = {e: () for e in Event}
+        self._watchers: tuple[Callable[[Event], None], ...] = ()
+
+    def subscribe(self, event: Event, handler: Handler) -> Subscription:
+        """Call ``handler(*args)`` on every ``event``; validated now, not at emit time."""
+        if not isinstance(event, Event):
+            raise TypeError(f"event must be an obs.Event member (got {event!r})")
+        if not callable(handler):
+            raise TypeError(f"handler for {event.name} must be callable (got {handler!r})")
+        _check_arity(event, handler)
+        sub = Subscription(self, event, handler)
+        with self._lock:
+            self._subs[event] = self._subs[event] + (sub,)
+            self._handlers[event] = tuple(s.handler for s in self._subs[event])
+        self._notify(event)
+        return sub
+
+    def _remove(self, sub: Subscription) -> None:
+        with self._lock:
+            subs = tuple(s for s in self._subs[sub.event] if s is not sub)
+            if len(subs) == len(self._subs[sub.event]):
+                return
+            self._subs[sub.event] = subs
+            self._handlers[sub.event] = tuple(s.handler for s in subs)
+        self._notify(sub.event)
+
+    def handlers(self, event: Event) -> tuple[Handler, ...]:
+        """The current handlers of ``event`` (an immutable snapshot)."""
+        return self._handlers[event]
+
+    def has_subscribers(self, event: Event) -> bool:
+        return bool(self._handlers[event])
+
+    def emit(self, event: Event, *args: Any) -> None:
+        """Deliver one event; a failing handler is reported, never propagated to the caller."""
+        for handler in self._handlers[event]:
+            try:
+                handler(*args)
+            except Exception as exc:
+                report_internal_error(f"{event.name} handler {getattr(handler, '__qualname__', handler)}", exc)
+
+    def watch(self, watcher: Callable[[Event], None]) -> Callable[[], None]:
+        """Call ``watcher(event)`` whenever the subscribers of an event change; returns an undo."""
+        with self._lock:
+            self._watchers = self._watchers + (watcher,)
+
+        def undo() -> None:
+            with self._lock:
+                self._watchers = tuple(w for w in self._watchers if w is not watcher)
+        return undo
+
+    def _notify(self, event: Event) -> None:
+        for watcher in self._watchers:
+            try:
+                watcher(event)
+            except Exception as exc:
+                report_internal_error(f"bus watcher {getattr(watcher, '__qualname__', watcher)}", exc)
+
+    def clear(self) -> None:
+        """Remove every subscription (used by ``reset_context`` and tests)."""
+        with self._lock:
+            subs = [s for group in self._subs.values() for s in group]
+        for sub in subs:
+            sub.remove()
+
+
+bus = EventBus()

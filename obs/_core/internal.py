@@ -1,0 +1,85 @@
+"""Never break the user's training loop because of our own bug; never hide it in tests.
+
+Every call from a hook into obs code (subscribers, sinks, exporters) goes through
+:func:`report_internal_error` when it fails: the error is counted, logged once per site and
+swallowed.  The test suite (or ``OBS_RAISE_INTERNAL_ERRORS=1``) turns it into a raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+__all__ = [
+    "capture_internal_errors",
+    "internal_error_counts",
+    "report_internal_error",
+    "set_raise_internal_errors",
+    "suppressed",
+    "is_suppressed",
+    "SUPPRESSION",
+]
+
+logger = logging.getLogger("obs")
+
+_counts: Counter[str] = Counter()
+_lock = threading.Lock()
+_raise = os.environ.get("OBS_RAISE_INTERNAL_ERRORS", "") not in ("", "0")
+
+
+def set_raise_internal_errors(flag: bool) -> bool:
+    """Make internal errors propagate (tests) or be swallowed (production); returns the old flag."""
+    global _raise
+    old, _raise = _raise, bool(flag)
+    return old
+
+
+def report_internal_error(site: str, exc: BaseException) -> None:
+    """Count and log (once per site) an error raised inside obs; re-raise in raise mode."""
+    with _lock:
+        _counts[site] += 1
+        first = _counts[site] == 1
+    if first:
+        logger.error("obs internal error in %s (further ones here are counted, not logged): %r", site, exc,
+                     exc_info=exc)
+    if _raise:
+        raise exc
+
+
+def internal_error_counts() -> dict[str, int]:
+    """How many internal errors each site swallowed so far."""
+    with _lock:
+        return dict(_counts)
+
+
+@contextlib.contextmanager
+def capture_internal_errors(site: str) -> Iterator[None]:
+    """Context manager form of :func:`report_internal_error`."""
+    try:
+        yield
+    except Exception as exc:  # the policy itself: count, log once, swallow
+        report_internal_error(site, exc)
+
+
+#: Per-thread suppression depth; hot-path hooks read ``getattr(SUPPRESSION, "depth", 0)`` directly.
+SUPPRESSION = threading.local()
+_tls = SUPPRESSION
+
+
+def is_suppressed() -> bool:
+    """True while obs does its own tensor work on this thread (hooks must ignore it)."""
+    return getattr(_tls, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def suppressed() -> Iterator[None]:
+    """Run a block with every obs hook on this thread ignoring what it does."""
+    _tls.depth = getattr(_tls, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _tls.depth -= 1

@@ -1,0 +1,1 @@
+"""Runtime adapters: they publish events on the bus and import no subscriber."""

@@ -1,0 +1,112 @@
+"""Installs exactly the PyTorch hooks that current subscribers need, and removes them when they leave.
+
+- STEP_BEGIN / STEP_END / MEMORY → global optimizer step hooks (a step ends when optimizer.step
+  returns; explicit ``obs.step()`` takes precedence).
+- MODULE_ENTER / MODULE_EXIT → global module forward hooks with scope names.
+- OP → a dispatch mode on the subscribing thread.
+No subscriber, no hook: the bus tells the adapter whenever subscriptions change.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+from torch.optim import optimizer as torch_optimizer
+
+from obs._core.events import Event, bus
+from obs.runtime.steps import tracker
+from obs.runtime.torch._modules import ModuleHooks, current_scope
+from obs.runtime.torch._ops import OpInterceptor
+
+__all__ = ["TorchAdapter", "adapter", "current_scope", "memory_stats"]
+
+STEP_EVENTS = (Event.STEP_BEGIN, Event.STEP_END, Event.MEMORY)
+MODULE_EVENTS = (Event.MODULE_ENTER, Event.MODULE_EXIT)
+
+
+def memory_stats() -> dict[str, Any]:
+    """CUDA allocator statistics on GPU, process RSS (bytes) on CPU."""
+    from obs.runtime.torch._device import device
+
+    dev = device()
+    if dev.type == "cuda" and torch.cuda.is_initialized():
+        stats = torch.cuda.memory_stats(dev)
+        keep = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+                "reserved_bytes.all.peak", "num_alloc_retries", "num_ooms")
+        return {"device": str(dev), **{k: stats.get(k, 0) for k in keep}}
+    with open("/proc/self/statm") as fh:
+        pages = fh.read().split()
+    page = os.sysconf("SC_PAGE_SIZE")
+    return {"device": "cpu", "rss_bytes": int(pages[1]) * page, "vms_bytes": int(pages[0]) * page}
+
+
+class TorchAdapter:
+    """Keeps the installed hooks in line with the bus's subscriptions."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._optim: list[Any] = []
+        self._modules: ModuleHooks | None = None
+        self._ops: OpInterceptor | None = None
+        tracker.memory_probe = memory_stats
+        self._unwatch = bus.watch(self._on_change)
+        self.sync()
+
+    @property
+    def installed(self) -> dict[str, bool]:
+        """Which hook families are in place (for tests and ``obs demo``)."""
+        return {"steps": bool(self._optim), "modules": self._modules is not None, "ops": self._ops is not None}
+
+    def _on_change(self, event: Event) -> None:
+        if event is not Event.SETTINGS_CHANGED:
+            self.sync()
+
+    def sync(self) -> None:
+        with self._lock:
+            want_steps = any(bus.has_subscribers(e) for e in STEP_EVENTS)
+            if want_steps and not self._optim:
+                self._optim = [
+                    torch_optimizer.register_optimizer_step_pre_hook(lambda *_: tracker.auto_begin()),
+                    torch_optimizer.register_optimizer_step_post_hook(lambda *_: tracker.auto_end()),
+                ]
+            elif not want_steps and self._optim:
+                for handle in self._optim:
+                    handle.remove()
+                self._optim = []
+
+            want_modules = any(bus.has_subscribers(e) for e in MODULE_EVENTS)
+            if want_modules and self._modules is None:
+                from obs.settings._context import get_context
+
+                self._modules = ModuleHooks(get_context("reserve_class_name_in_scope"))
+            elif not want_modules and self._modules is not None:
+                self._modules.remove()
+                self._modules = None
+
+            want_ops = bus.has_subscribers(Event.OP)
+            if want_ops and self._ops is None:
+                self._ops = OpInterceptor().install()
+            elif not want_ops and self._ops is not None:
+                self._ops.remove()
+                self._ops = None
+
+    def close(self) -> None:
+        """Remove every hook and stop following the bus."""
+        self._unwatch()
+        tracker.memory_probe = None
+        with self._lock:
+            for handle in self._optim:
+                handle.remove()
+            self._optim = []
+            if self._modules is not None:
+                self._modules.remove()
+                self._modules = None
+            if self._ops is not None:
+                self._ops.remove()
+                self._ops = None
+
+
+adapter = TorchAdapter()

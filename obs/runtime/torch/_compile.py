@@ -1,0 +1,60 @@
+"""``obs.compile``: torch.compile through an obs backend in GRAPH_MODE, eager in PYNATIVE_MODE.
+
+The backend publishes GRAPH_COMPILED for every graph Dynamo captures (graph dumps and the
+recorder subscribe to it), then hands the graph to the real backend (inductor by default).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from obs._core.events import Event, bus
+from obs._core.internal import suppressed
+
+__all__ = ["ObsBackend", "compile"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_counter = itertools.count()
+_counter_lock = threading.Lock()
+
+
+class ObsBackend:
+    """A torch.compile backend: publish the captured graph, then delegate to ``inner``."""
+
+    def __init__(self, name: str, inner: str | Callable[..., Any] = "inductor") -> None:
+        self.name = name
+        self.inner = inner
+        self.graphs = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        with _counter_lock:
+            index = next(_counter)
+        self.graphs += 1
+        with suppressed():
+            bus.emit(Event.GRAPH_COMPILED, f"{self.name}_{index}", gm, example_inputs)
+        inner = self.inner
+        if isinstance(inner, str):
+            from torch._dynamo import lookup_backend
+
+            inner = lookup_backend(inner)
+        return inner(gm, example_inputs)  # type: ignore[no-any-return]
+
+
+def compile(model_or_fn: F, *, backend: str | Callable[..., Any] = "inductor", **kwargs: Any) -> F:
+    """Compile ``model_or_fn`` when ``mode`` is GRAPH_MODE; return it unchanged in PYNATIVE_MODE.
+
+    ``backend`` is the backend that finally runs the graph; ``kwargs`` go to ``torch.compile``.
+    """
+    from obs.settings._context import get_context
+    from obs.settings.context_options import GRAPH_MODE
+
+    if get_context("mode") != GRAPH_MODE:
+        return model_or_fn
+    name = getattr(model_or_fn, "__name__", None) or type(model_or_fn).__name__
+    return torch.compile(model_or_fn, backend=ObsBackend(name, backend), **kwargs)  # type: ignore[return-value]

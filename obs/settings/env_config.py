@@ -1,0 +1,173 @@
+"""``env_config_path``: the JSON file of the rdr/sys sections, its environment variables and precedence.
+
+Sections are option tables like ``set_context``'s; later features add sections and rows here.
+Precedence (one function, :func:`resolve`): defaults < ``MS_RDR_*`` environment < the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from obs._core.errors import ObsConfigError, ObsConfigTypeError
+from obs.settings._table import Option, OptionTable
+from obs.settings._validators import Bool, Choice, Str, did_you_mean
+
+__all__ = ["ENV_VARS", "SECTIONS", "EnvConfig", "load_file", "parse_env", "parse_text", "resolve"]
+
+_ABS = Str(non_empty=True, pattern=r"/.*", expectation="an absolute path (starting with '/')")
+
+SECTIONS: dict[str, OptionTable] = {
+    "rdr": OptionTable("rdr", [
+        Option("enable", Bool(), False, "Turn the Running Data Recorder on."),
+        Option("mode", Choice((1, 2)), 1, "1: dump on faults only; 2: also at normal end."),
+        Option("path", _ABS, "", "Absolute folder of RDR output (empty: the working directory)."),
+    ]),
+    "sys": OptionTable("sys", [
+        Option("mem_reuse", Bool(), True, "Reuse device memory between ops."),
+    ]),
+}
+
+#: Spellings accepted for a key (the originals' docs spell ``mem_reuse`` as ``mem_Reuse``).
+ALIASES: dict[tuple[str, str], str] = {("sys", "mem_Reuse"): "mem_reuse"}
+
+#: Environment variables read before the file: name -> (section, key, parser).
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "MS_RDR_ENABLE": ("rdr", "enable"),
+    "MS_RDR_MODE": ("rdr", "mode"),
+    "MS_RDR_PATH": ("rdr", "path"),
+}
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Settings in force: ``values[section][key]`` and where each came from (default, env var, file)."""
+
+    values: Mapping[str, Mapping[str, Any]]
+    origins: Mapping[str, Mapping[str, str]]
+    file: str = ""
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {section: dict(keys) for section, keys in self.values.items()}
+
+    def get(self, section: str, key: str) -> Any:
+        return self.values[section][key]
+
+
+@dataclass(frozen=True)
+class ParsedFile:
+    path: str
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _err(path: str, message: str, key: str = "", value: Any = None) -> ObsConfigError:
+    return ObsConfigError(f"env config file {path}: {message}", option=key, value=value, source=path)
+
+
+def parse_text(text: str, path: str) -> ParsedFile:
+    """Validate a file's text as a whole; the first problem raises :class:`ObsConfigError`."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _err(path, f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise _err(path, f"must hold a JSON object of sections {sorted(SECTIONS)} (got {type(data).__name__})")
+    out: dict[str, dict[str, Any]] = {}
+    for name, body in data.items():
+        if name not in SECTIONS:
+            raise _err(path, f"unknown section {name!r}{did_you_mean(name, tuple(SECTIONS))} "
+                             f"(sections are {sorted(SECTIONS)})", key=name)
+        if not isinstance(body, dict):
+            raise _err(path, f"section '{name}' must be a JSON object (got {body!r})", key=name, value=body)
+        body = _apply_aliases(name, body, path)
+        table = SECTIONS[name]
+        values: dict[str, Any] = {}
+        for key, raw in body.items():
+            if key not in table:
+                raise _err(path, f"section '{name}' has no key {key!r}{did_you_mean(key, tuple(table))} "
+                                 f"(its keys are {sorted(table)})", key=f"{name}.{key}")
+            if raw is None:
+                continue
+            try:
+                values[key] = table[key].check(raw, f"{name}.{key}")
+            except (ObsConfigError, ObsConfigTypeError) as exc:
+                raise _err(path, str(exc), key=f"{name}.{key}", value=raw) from None
+        out[name] = values
+    return ParsedFile(path, out)
+
+
+def _apply_aliases(section: str, body: dict[str, Any], path: str) -> dict[str, Any]:
+    out = dict(body)
+    for (sec, alias), key in ALIASES.items():
+        if sec == section and alias in out:
+            if key in out:
+                raise _err(path, f"'{section}.{key}' is given twice (as {key!r} and {alias!r})", key=key)
+            out[key] = out.pop(alias)
+    return out
+
+
+def load_file(path: str) -> ParsedFile:
+    """Read and validate ``path``; a missing or unreadable file is an :class:`ObsConfigError` too."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise _err(path, "does not exist") from None
+    except IsADirectoryError:
+        raise _err(path, "is a directory, not a JSON file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _err(path, f"cannot be read ({exc})") from None
+    return parse_text(text, path)
+
+
+def parse_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The ``MS_RDR_*`` variables present in ``environ``, validated."""
+    out: dict[str, dict[str, Any]] = {}
+    for var, (section, key) in ENV_VARS.items():
+        raw = environ.get(var)
+        if raw is None or raw == "":
+            continue
+        value: Any
+        if key == "enable":
+            if raw.strip().lower() not in ("0", "1", "true", "false"):
+                raise ObsConfigError(f"environment variable {var} must be 1 or 0 (got {raw!r})", option=var,
+                                     value=raw, source=var)
+            value = raw.strip().lower() in ("1", "true")
+        elif key == "mode":
+            if raw.strip() not in ("1", "2"):
+                raise ObsConfigError(f"environment variable {var} must be 1 or 2 (got {raw!r})", option=var,
+                                     value=raw, source=var)
+            value = int(raw)
+        else:
+            try:
+                value = SECTIONS[section][key].check(raw, var)
+            except ObsConfigError as exc:
+                raise ObsConfigError(f"environment variable {exc}", option=var, value=raw, source=var) from None
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def resolve(parsed: ParsedFile | None, environ: Mapping[str, str]) -> EnvConfig:
+    """Merge defaults, then the environment, then the file (the file wins, as in the originals)."""
+    env = parse_env(environ)
+    env_names = {(s, k): v for v, (s, k) in ENV_VARS.items()}
+    values: dict[str, dict[str, Any]] = {}
+    origins: dict[str, dict[str, str]] = {}
+    for section, table in SECTIONS.items():
+        values[section] = table.defaults()
+        origins[section] = {key: "default" for key in table}
+        for key, value in env.get(section, {}).items():
+            values[section][key] = value
+            origins[section][key] = f"env {env_names[(section, key)]}"
+        if parsed is not None:
+            for key, value in parsed.sections.get(section, {}).items():
+                values[section][key] = value
+                origins[section][key] = "file"
+    return EnvConfig(values, origins, parsed.path if parsed is not None else "")
+
+
+def current_environ() -> Mapping[str, str]:
+    return os.environ

@@ -1,0 +1,3 @@
+"""Running Data Recorder: crash-consistent ring, fault triggers, bundles, readers (see the RDR issue)."""
+
+__all__: list[str] = []
