@@ -15,6 +15,7 @@ import torch
 
 from obs._core.events import Event, bus
 from obs._core.internal import suppressed
+from obs.runtime.steps import tracker
 
 __all__ = ["ObsBackend", "compile"]
 
@@ -43,7 +44,15 @@ class ObsBackend:
             from torch._dynamo import lookup_backend
 
             inner = lookup_backend(inner)
-        return inner(gm, example_inputs)  # type: ignore[no-any-return]
+        compiled = inner(gm, example_inputs)
+
+        def run(*args: Any) -> Any:
+            # Module hooks fold away inside compiled graphs, so the graph call marks step starts.
+            if not tracker.in_step:
+                tracker.auto_begin()
+            return compiled(*args)
+
+        return run
 
 
 def compile(model_or_fn: F, *, backend: str | Callable[..., Any] = "inductor", **kwargs: Any) -> F:

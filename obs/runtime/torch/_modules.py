@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 from torch.nn.modules import module as nn_module
 
 from obs._core.events import Event, bus
@@ -83,7 +84,8 @@ class ModuleHooks:
         _scopes.clear()
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
-        if getattr(SUPPRESSION, "depth", 0):
+        # Inside a graph Dynamo traces, the hook folds away: the graph is one unit (GRAPH_COMPILED).
+        if getattr(SUPPRESSION, "depth", 0) or is_compiling():
             return
         stack = _stack()
         scope = _scopes.get(id(module))
@@ -104,7 +106,7 @@ class ModuleHooks:
 
     def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         stack = getattr(_tls, "stack", None)
-        if not stack or getattr(SUPPRESSION, "depth", 0):
+        if not stack or getattr(SUPPRESSION, "depth", 0) or is_compiling():
             return
         scope = stack.pop()
         # On failure torch calls always_call hooks from inside its `except` with output None.

@@ -1,0 +1,98 @@
+"""The ``obs`` command line: argument parsing and dispatch; each view renders in its own module.
+
+Exit codes: 0 success, 1 the thing checked or run failed, 2 bad command line or bad input.
+``obs run`` returns the script's own exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "main"]
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _parse_set(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` where VALUE is JSON when it parses as JSON, else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--set expects KEY=VALUE (got {text!r})")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def _settings_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="env config JSON (rdr/sys sections), i.e. "
+                        "set_context(env_config_path=FILE); default: $OBS_CONFIG")
+    parser.add_argument("--set", dest="sets", metavar="KEY=VALUE", action="append", type=_parse_set, default=[],
+                        help="a set_context key (repeatable); VALUE is read as JSON when it is JSON, e.g. "
+                             "--set save_graphs=1 --set print_file_path=print.pb")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="obs", description="Observability and debugging runtime for PyTorch "
+                                     "training.")
+    parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of obs's own errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("options", help="list every option: name, type, default, devices, meaning")
+    p.add_argument("--table", choices=("context", "auto_parallel", "ps", "env_config", "all"), default="all")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("config", help="work with env config files")
+    csub = p.add_subparsers(dest="config_command", metavar="ACTION")
+    csub.required = True
+    c = csub.add_parser("check", help="validate a file and show what it turns on")
+    c.add_argument("file")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("run", help="run a Python script with obs settings applied (like python -m cProfile)")
+    _settings_arguments(p)
+    p.add_argument("script", help="the training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
+
+    p = sub.add_parser("demo", help="train a small model on synthetic data with the configured features")
+    _settings_arguments(p)
+    p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "options":
+            from obs.cli._options_view import run_options
+
+            return run_options(args.table, as_json=args.json)
+        if args.command == "config":
+            from obs.cli._config_view import run_check
+
+            return run_check(args.file, as_json=args.json)
+        if args.command == "run":
+            from obs.cli._run import run_script
+
+            return run_script(args.script, args.args, config=args.config, sets=args.sets)
+        if args.command == "demo":
+            from obs.cli._demo import run_demo_command
+
+            return run_demo_command(args.steps, config=args.config, sets=args.sets, as_json=args.json)
+    except (ValueError, TypeError, OSError) as exc:
+        if args.traceback:
+            raise
+        from obs.cli._render import error
+
+        error(str(exc))
+        return EXIT_USAGE
+    parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first
+    return EXIT_USAGE

@@ -1,0 +1,54 @@
+"""``obs config check FILE``: validate an env config file and show what it would turn on."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rich.table import Table
+
+from obs._core.errors import ObsConfigError
+from obs.cli._render import console, error, print_json
+from obs.settings.env_config import EnvConfig, load_file, resolve
+
+__all__ = ["describe", "run_check"]
+
+
+def describe(cfg: EnvConfig) -> list[str]:
+    """Plain sentences saying what the settings turn on."""
+    rdr = cfg.values["rdr"]
+    lines = []
+    if rdr["enable"]:
+        when = "on faults" if rdr["mode"] == 1 else "on faults and at normal end"
+        lines.append(f"Running Data Recorder ON: dumps {when} into {rdr['path'] or os.getcwd()}/rank_<r>/rdr/")
+    else:
+        lines.append("Running Data Recorder off (rdr.enable is false)")
+    lines.append(f"device memory reuse {'on' if cfg.values['sys']['mem_reuse'] else 'off'}")
+    return lines
+
+
+def run_check(path: str, *, as_json: bool) -> int:
+    try:
+        cfg = resolve(load_file(path), os.environ)
+    except ObsConfigError as exc:
+        if as_json:
+            print_json({"file": path, "valid": False, "error": str(exc), "key": exc.option})
+        else:
+            error(str(exc))
+        return 1
+    if as_json:
+        data: dict[str, Any] = {"file": path, "valid": True, "settings": cfg.as_dict(),
+                                "origins": {s: dict(o) for s, o in cfg.origins.items()}, "turns_on": describe(cfg)}
+        print_json(data)
+        return 0
+    out = console()
+    view = Table(title=f"{path}: valid", title_justify="left")
+    for column in ("key", "value", "from"):
+        view.add_column(column)
+    for section, keys in cfg.values.items():
+        for key, value in keys.items():
+            view.add_row(f"{section}.{key}", repr(value), cfg.origins[section][key])
+    out.print(view)
+    for line in describe(cfg):
+        out.print(f"• {line}")
+    return 0

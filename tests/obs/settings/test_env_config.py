@@ -1,0 +1,78 @@
+"""env_config_path files: parsing, every bad-file error, and set_context integration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import obs
+from obs.settings.env_config import load_file, parse_text, resolve
+
+
+def write(tmp_path, data, name="obs.json"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def test_full_file_is_read(tmp_path):
+    path = write(tmp_path, {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path)}, "sys": {"mem_reuse": False}})
+    obs.set_context(env_config_path=path)
+    assert obs.env_config() == {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path)},
+                                "sys": {"mem_reuse": False}}
+
+
+def test_docs_spelling_mem_Reuse_is_accepted(tmp_path):
+    parsed = load_file(write(tmp_path, {"sys": {"mem_Reuse": False}}))
+    assert parsed.sections["sys"] == {"mem_reuse": False}
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('{"rdr": {"enable": true,}}', "not valid JSON"),
+    ('[1, 2]', "JSON object of sections"),
+    ('{"rdrr": {}}', "unknown section 'rdrr'; did you mean 'rdr'"),
+    ('{"rdr": []}', "section 'rdr' must be a JSON object"),
+    ('{"rdr": {"enabel": true}}', "no key 'enabel'; did you mean 'enable'"),
+    ('{"rdr": {"enable": "yes"}}', "'rdr.enable' must be a bool"),
+    ('{"rdr": {"mode": 3}}', "'rdr.mode' must be one of [1, 2]"),
+    ('{"rdr": {"mode": "2"}}', "'rdr.mode' must be one of [1, 2]"),
+    ('{"rdr": {"path": "relative/dir"}}', "'rdr.path' must be an absolute path"),
+    ('{"sys": {"mem_reuse": 1}}', "'sys.mem_reuse' must be a bool"),
+    ('{"sys": {"mem_reuse": true, "mem_Reuse": false}}', "given twice"),
+])
+def test_bad_file_names_file_key_expectation_and_value(text, fragment):
+    with pytest.raises(ValueError) as info:
+        parse_text(text, "/etc/obs.json")
+    assert fragment in str(info.value)
+    assert "/etc/obs.json" in str(info.value)
+
+
+def test_not_json_error_gives_line_and_column():
+    with pytest.raises(ValueError, match="line 2 column 1"):
+        parse_text('{"rdr": {}\n', "f.json")
+
+
+def test_missing_file_is_rejected_by_set_context(tmp_path):
+    with pytest.raises(ValueError, match="existing file"):
+        obs.set_context(env_config_path=str(tmp_path / "missing.json"))
+
+
+def test_invalid_file_rejects_the_whole_call(tmp_path):
+    path = write(tmp_path, {"rdr": {"path": "rel"}})
+    with pytest.raises(ValueError, match="absolute"):
+        obs.set_context(env_config_path=path, save_graphs=1)
+    assert obs.get_context("save_graphs") == 0
+    assert obs.get_context("env_config_path") == ""
+
+
+def test_env_config_path_is_stored_as_real_path(tmp_path, monkeypatch):
+    path = write(tmp_path, {})
+    monkeypatch.chdir(tmp_path)
+    obs.set_context(env_config_path="obs.json")
+    assert obs.get_context("env_config_path") == path
+
+
+def test_resolve_without_file_gives_defaults():
+    assert resolve(None, {}).as_dict() == {"rdr": {"enable": False, "mode": 1, "path": ""},
+                                           "sys": {"mem_reuse": True}}

@@ -1,0 +1,103 @@
+"""Hot reload of env_config_path, driven by file-system events (no sleeps: we wait on events)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+import pytest
+
+import obs
+from obs.runtime.steps import tracker
+from obs.settings._env_feature import feature
+
+TIMEOUT = 20
+
+
+@pytest.fixture(name="config")
+def _config(tmp_path, monkeypatch):
+    monkeypatch.setattr(feature, "debounce_s", 0.05)
+    path = tmp_path / "obs.json"
+    path.write_text(json.dumps({"rdr": {"enable": False}}))
+    changed = threading.Event()
+
+    def on_change(source, changes):
+        if source == str(path):
+            changed.set()
+
+    obs.subscribe(obs.Event.SETTINGS_CHANGED, on_change)
+    obs.set_context(env_config_path=str(path))
+    return path, changed
+
+
+def test_edit_in_place_is_applied(config):
+    path, changed = config
+    path.write_text(json.dumps({"rdr": {"enable": True, "mode": 2}}))
+    assert changed.wait(TIMEOUT)
+    assert obs.env_config()["rdr"]["enable"] is True and obs.env_config()["rdr"]["mode"] == 2
+
+
+def test_atomic_save_by_rename_is_applied(config):
+    path, changed = config
+    tmp = path.with_name(".obs.json.tmp")
+    tmp.write_text(json.dumps({"rdr": {"enable": True}}))
+    os.replace(tmp, path)
+    assert changed.wait(TIMEOUT)
+    assert obs.env_config()["rdr"]["enable"] is True
+
+
+def test_recreated_file_is_applied(config):
+    path, changed = config
+    path.unlink()
+    path.write_text(json.dumps({"sys": {"mem_reuse": False}}))
+    assert changed.wait(TIMEOUT)
+    assert obs.env_config()["sys"]["mem_reuse"] is False
+
+
+def test_invalid_edit_keeps_last_good_settings_and_warns_once(config, caplog):
+    path, changed = config
+    watcher = feature.watcher
+    done = watcher.callbacks
+    caplog.set_level(logging.WARNING, logger="obs")
+    for _ in range(2):
+        path.write_text('{"rdr": {"mode": 7}}')
+        done += 1
+        assert watcher.wait_callbacks(done, TIMEOUT)
+    assert obs.env_config()["rdr"] == {"enable": False, "mode": 1, "path": ""}
+    assert "'rdr.mode' must be one of [1, 2]" in feature.last_error
+    assert len([r for r in caplog.records if "keeping the settings in force" in r.getMessage()]) == 1
+    path.write_text(json.dumps({"rdr": {"mode": 2}}))
+    assert changed.wait(TIMEOUT)
+    assert obs.env_config()["rdr"]["mode"] == 2 and feature.last_error is None
+
+
+def test_reload_during_a_step_waits_for_the_step_boundary(config):
+    path, changed = config
+    watcher = feature.watcher
+    done = watcher.callbacks
+    with obs.step():
+        path.write_text(json.dumps({"rdr": {"enable": True}}))
+        assert watcher.wait_callbacks(done + 1, TIMEOUT)
+        assert obs.env_config()["rdr"]["enable"] is False  # validated, parked until the step ends
+        assert tracker.in_step
+    assert changed.is_set()
+    assert obs.env_config()["rdr"]["enable"] is True
+
+
+def test_reset_stops_the_watcher_thread(config):
+    watcher = feature.watcher
+    assert any(t.name == "obs-config-watch" for t in threading.enumerate())
+    obs.reset_context()
+    assert feature.watcher is None
+    assert not watcher._worker.is_alive() and not watcher._observer.is_alive()
+
+
+def test_new_path_replaces_the_watcher(config, tmp_path):
+    first = feature.watcher
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    obs.set_context(env_config_path=str(other))
+    assert feature.watcher is not first and not first._worker.is_alive()
+    assert feature.watcher.path == str(other)
