@@ -1,0 +1,43 @@
+"""The public surface is pinned, and `import obs` stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import exporters
+import obs
+import printsink
+import recorder
+
+OBS_ALL = [
+    "COMPATIBLE", "DEBUG", "DeviceUnavailableError", "Event", "EventBus", "GRAPH_MODE", "HookValidationError", "LAX",
+    "ObsConfigError", "ObsConfigWarning", "ObsError", "PYNATIVE_MODE", "ParallelMode", "RELEASE", "STRICT",
+    "Subscription", "__version__", "bus", "compile", "device", "device_context", "env_config",
+    "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "rank",
+    "reset_auto_parallel_context", "reset_context", "reset_ps_context", "set_auto_parallel_context",
+    "set_context", "set_ps_context", "step", "steps", "subscribe", "world_size",
+]
+
+
+def test_obs_all_is_pinned_and_resolvable():
+    assert obs.__all__ == OBS_ALL
+    for name in OBS_ALL:
+        assert getattr(obs, name) is not None
+
+
+def test_constants_match_the_originals():
+    assert (obs.GRAPH_MODE, obs.PYNATIVE_MODE) == (0, 1)
+    assert (obs.STRICT, obs.COMPATIBLE, obs.LAX, obs.RELEASE, obs.DEBUG) == (0, 1, 2, 0, 1)
+    assert obs.get_context("mode") == obs.PYNATIVE_MODE
+
+
+def test_other_top_level_packages_import():
+    assert recorder.__all__ == [] and printsink.__all__ == [] and exporters.__all__ == []
+
+
+def test_import_obs_does_not_import_torch_opentelemetry_or_rich():
+    code = ("import sys, obs; obs.set_context(save_graphs=1, mode=obs.GRAPH_MODE); "
+            "print(sorted(m for m in ('torch', 'rich', 'opentelemetry', 'watchdog') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
