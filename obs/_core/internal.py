@@ -65,21 +65,28 @@ def capture_internal_errors(site: str) -> Iterator[None]:
         report_internal_error(site, exc)
 
 
-#: Per-thread suppression depth; hot-path hooks read ``getattr(SUPPRESSION, "depth", 0)`` directly.
-SUPPRESSION = threading.local()
-_tls = SUPPRESSION
+class ThreadState(threading.local):
+    """Per-thread state read on the hot path: suppression depth and the module scope stack."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.stack: list[str] = []
+
+
+#: Hot-path hooks read ``SUPPRESSION.depth`` / ``SUPPRESSION.stack`` directly (no getattr defaults).
+SUPPRESSION = ThreadState()
 
 
 def is_suppressed() -> bool:
     """True while obs does its own tensor work on this thread (hooks must ignore it)."""
-    return getattr(_tls, "depth", 0) > 0
+    return SUPPRESSION.depth > 0
 
 
 @contextlib.contextmanager
 def suppressed() -> Iterator[None]:
     """Run a block with every obs hook on this thread ignoring what it does."""
-    _tls.depth = getattr(_tls, "depth", 0) + 1
+    SUPPRESSION.depth += 1
     try:
         yield
     finally:
-        _tls.depth -= 1
+        SUPPRESSION.depth -= 1

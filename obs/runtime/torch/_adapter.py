@@ -2,7 +2,7 @@
 
 - STEP_BEGIN / STEP_END / MEMORY → global optimizer step hooks (a step ends when optimizer.step
   returns; explicit ``obs.step()`` takes precedence).
-- MODULE_ENTER / MODULE_EXIT → global module forward hooks with scope names.
+- MODULE_ENTER / MODULE_EXIT → a wrapper of ``nn.Module.__call__`` with scope names.
 - OP → a dispatch mode on the subscribing thread.
 No subscriber, no hook: the bus tells the adapter whenever subscriptions change.
 """
@@ -85,6 +85,8 @@ class TorchAdapter:
             elif not want_modules and self._modules is not None:
                 self._modules.remove()
                 self._modules = None
+            if self._modules is not None:
+                self._modules.refresh()
 
             want_ops = bus.has_subscribers(Event.OP)
             if want_ops and self._ops is None:

@@ -1,21 +1,19 @@
-"""Global module forward hooks that publish MODULE_ENTER / MODULE_EXIT with MindSpore-style scopes.
+"""Module-level interception that publishes MODULE_ENTER / MODULE_EXIT with MindSpore-style scopes.
 
-A root module (entered with nothing on this thread's stack) names every submodule once, from
-``named_modules()``: ``Default/net-Net/fc1-Linear`` (or ``Default/net/fc1`` without class
-names).  The hooks are installed only while someone subscribes to module events.
+While someone subscribes to module events, ``torch.nn.Module.__call__`` is wrapped: this keeps
+PyTorch's hook-free fast path, where global forward hooks force every module call through the
+slow path (``tests/perf/bench_overhead.py`` measures both).  A root module (entered with nothing
+on this thread's stack) names every submodule once from ``named_modules()``:
+``Default/net-Net/fc1-Linear`` (``Default/net/fc1`` without class names).
 """
 
 from __future__ import annotations
 
-import sys
-import threading
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.compiler import is_compiling
-from torch.nn.modules import module as nn_module
 
 from obs._core.events import Event, bus
 from obs._core.internal import SUPPRESSION, report_internal_error
@@ -23,20 +21,12 @@ from obs.runtime.steps import tracker
 
 __all__ = ["ModuleHooks", "current_scope"]
 
-_tls = threading.local()
 _scopes: dict[int, str] = {}
-
-
-def _stack() -> list[str]:
-    stack = getattr(_tls, "stack", None)
-    if stack is None:
-        stack = _tls.stack = []
-    return stack
 
 
 def current_scope() -> str:
     """Scope of the innermost module running on this thread ('' outside any module)."""
-    stack = getattr(_tls, "stack", None)
+    stack = SUPPRESSION.stack
     return stack[-1] if stack else ""
 
 
@@ -64,59 +54,75 @@ def _name_tree(root: torch.nn.Module, keep_class: bool) -> None:
         weakref.finalize(sub, _forget, key)
 
 
+def _scope_of(module: torch.nn.Module, stack: list[str], keep_class: bool) -> str:
+    if stack:
+        return stack[-1] + "/" + _part(type(module).__name__.lower(), module, keep_class)
+    _name_tree(module, keep_class)
+    return _scopes[id(module)]
+
+
+def _fault(scope: str, error: BaseException) -> None:
+    # Report the innermost module only, not every frame the error unwinds through.
+    if not getattr(error, "_obs_fault_reported", False):
+        try:
+            error._obs_fault_reported = True  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+        bus.emit(Event.FAULT, "module_error", scope, error)
+
+
 class ModuleHooks:
-    """Installs the global forward pre/post hooks; ``remove()`` takes them out again."""
+    """Wraps ``nn.Module.__call__`` until ``remove()``; ``refresh()`` re-reads the handler tuples."""
 
     def __init__(self, keep_class_names: bool) -> None:
-        self._keep = keep_class_names
         _scopes.clear()
-        enter: Callable[..., Any] = self._enter
-        leave: Callable[..., Any] = self._leave
-        self._handles = [
-            nn_module.register_module_forward_pre_hook(enter),
-            nn_module.register_module_forward_hook(leave, always_call=True),
-        ]
+        self.enter: tuple[Any, ...] = ()
+        self.exit: tuple[Any, ...] = ()
+        self.refresh()
+        hooks, original = self, torch.nn.Module.__call__
+        self._original = original
+        keep = keep_class_names
+
+        state = SUPPRESSION
+
+        def __call__(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if state.depth or is_compiling():
+                return original(module, *args, **kwargs)
+            stack = state.stack
+            scope = _scopes.get(id(module)) or _scope_of(module, stack, keep)
+            stack.append(scope)
+            if not tracker.in_step:
+                tracker.auto_begin()
+            for handler in hooks.enter:
+                try:
+                    handler(scope, module)
+                except Exception as exc:
+                    report_internal_error("MODULE_ENTER handler", exc)
+            try:
+                out = original(module, *args, **kwargs)
+            except BaseException as error:
+                stack.pop()
+                for handler in hooks.exit:
+                    try:
+                        handler(scope, module, error)
+                    except Exception as exc:
+                        report_internal_error("MODULE_EXIT handler", exc)
+                _fault(scope, error)
+                raise
+            stack.pop()
+            for handler in hooks.exit:
+                try:
+                    handler(scope, module, None)
+                except Exception as exc:
+                    report_internal_error("MODULE_EXIT handler", exc)
+            return out
+
+        torch.nn.Module.__call__ = __call__  # type: ignore[method-assign]
+
+    def refresh(self) -> None:
+        self.enter = bus.handlers(Event.MODULE_ENTER)
+        self.exit = bus.handlers(Event.MODULE_EXIT)
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        torch.nn.Module.__call__ = self._original  # type: ignore[method-assign]
         _scopes.clear()
-
-    def _enter(self, module: torch.nn.Module, args: Any) -> None:
-        # Inside a graph Dynamo traces, the hook folds away: the graph is one unit (GRAPH_COMPILED).
-        if getattr(SUPPRESSION, "depth", 0) or is_compiling():
-            return
-        stack = _stack()
-        scope = _scopes.get(id(module))
-        if scope is None:
-            if stack:
-                scope = stack[-1] + "/" + _part(type(module).__name__.lower(), module, self._keep)
-            else:
-                _name_tree(module, self._keep)
-                scope = _scopes[id(module)]
-        stack.append(scope)
-        if not tracker.in_step:
-            tracker.auto_begin()
-        for handler in bus.handlers(Event.MODULE_ENTER):
-            try:
-                handler(scope, module)
-            except Exception as exc:
-                report_internal_error("MODULE_ENTER handler", exc)
-
-    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        stack = getattr(_tls, "stack", None)
-        if not stack or getattr(SUPPRESSION, "depth", 0) or is_compiling():
-            return
-        scope = stack.pop()
-        # On failure torch calls always_call hooks from inside its `except` with output None.
-        error = sys.exc_info()[1] if output is None else None
-        for handler in bus.handlers(Event.MODULE_EXIT):
-            try:
-                handler(scope, module, error)
-            except Exception as exc:
-                report_internal_error("MODULE_EXIT handler", exc)
-        if error is not None and not getattr(error, "_obs_fault_reported", False):
-            # Report the innermost module only, not every frame the error unwinds through.
-            error._obs_fault_reported = True  # type: ignore[attr-defined]
-            bus.emit(Event.FAULT, "module_error", scope, error)

@@ -31,7 +31,7 @@ class OpInterceptor(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if getattr(SUPPRESSION, "depth", 0):
+        if SUPPRESSION.depth:
             return func(*args, **kwargs)
         name = func.__name__
         start = time.perf_counter_ns()

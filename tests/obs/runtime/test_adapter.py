@@ -36,15 +36,22 @@ def global_hook_counts():
             len(torch_optimizer._global_optimizer_pre_hooks), len(torch_optimizer._global_optimizer_post_hooks))
 
 
+ORIGINAL_CALL = torch.nn.Module.__call__
+
+
 def test_no_subscriber_means_no_hook():
     assert adapter.installed == {"steps": False, "modules": False, "ops": False}
     assert global_hook_counts() == (0, 0, 0, 0)
+    assert torch.nn.Module.__call__ is ORIGINAL_CALL
 
 
 def test_hooks_come_and_go_with_subscribers():
     with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
-        assert adapter.installed["modules"] and global_hook_counts()[:2] == (1, 1)
+        assert adapter.installed["modules"] and torch.nn.Module.__call__ is not ORIGINAL_CALL
+        with obs.subscribe(obs.Event.STEP_END, lambda step, ns: None):
+            assert global_hook_counts() == (0, 0, 1, 1)
     assert global_hook_counts() == (0, 0, 0, 0)
+    assert torch.nn.Module.__call__ is ORIGINAL_CALL
 
 
 def test_steps_are_detected_from_optimizer_step():

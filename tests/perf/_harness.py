@@ -1,0 +1,92 @@
+"""Interleaved timing of training-step variants in one process: medians, ratios, JSON."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+Setup = Callable[[], Callable[[], None]]  # installs a variant, returns its teardown
+
+
+@dataclass
+class Workload:
+    name: str
+    step: Callable[[], None]
+    steps_per_round: int
+
+
+def mlp() -> Workload:
+    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return Workload("mlp", step, 60)
+
+
+def cnn() -> Workload:
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(64 * 4 * 4, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return Workload("cnn", step, 12)
+
+
+def measure(workload: Workload, variants: dict[str, Setup], rounds: int) -> dict[str, float]:
+    """Median step time (ms) per variant; variants rotate order every round to spread drift."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for _ in range(3):
+        workload.step()  # warm-up: allocator, thread pools
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            teardown = variants[name]()
+            try:
+                workload.step()
+                for _ in range(workload.steps_per_round):
+                    t0 = time.perf_counter_ns()
+                    workload.step()
+                    samples[name].append((time.perf_counter_ns() - t0) / 1e6)
+            finally:
+                teardown()
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def report(title: str, results: dict[str, dict[str, float]], baseline: str, out: str,
+           extra: dict[str, object] | None = None) -> dict[str, object]:
+    data: dict[str, object] = {
+        "benchmark": title, "torch": torch.__version__, "python": platform.python_version(),
+        "machine": platform.machine(), "threads": torch.get_num_threads(), "results": {}}
+    print(f"{title}  (median ms per step; ratio vs {baseline})")
+    print(f"{'workload':<8} {'variant':<28} {'ms/step':>9} {'ratio':>8}")
+    for workload, medians in results.items():
+        base = medians[baseline]
+        rows = {}
+        for variant, ms in medians.items():
+            rows[variant] = {"median_ms": round(ms, 4), "ratio": round(ms / base, 4)}
+            print(f"{workload:<8} {variant:<28} {ms:>9.3f} {ms / base:>8.3f}")
+        data["results"][workload] = rows  # type: ignore[index]
+    data.update(extra or {})
+    with open(out, "w") as fh:
+        json.dump(data, fh, indent=2)
+    print(f"wrote {out}")
+    return data
