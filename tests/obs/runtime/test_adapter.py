@@ -157,3 +157,23 @@ def test_our_bug_never_breaks_the_training_loop():
     finally:
         set_raise_internal_errors(old)
     assert internal_error_counts()["MODULE_ENTER handler"] >= 8
+
+
+def test_failing_op_reports_op_event_and_fault():
+    ops, faults = [], []
+    obs.subscribe(obs.Event.OP, lambda name, args, kwargs, ns, error: ops.append((name, type(error))))
+    obs.subscribe(obs.Event.FAULT, lambda kind, detail, error: faults.append((kind, detail)))
+    with pytest.raises(RuntimeError):
+        torch.mm(torch.ones(2, 3), torch.ones(2, 3))
+    assert ops[-1] == ("mm.default", RuntimeError)
+    assert faults == [("op_error", "mm.default")]
+
+
+def test_graph_call_marks_step_start_in_graph_mode():
+    """Module events fold away inside compiled graphs; the compiled graph's call opens the step."""
+    obs.set_context(mode=obs.GRAPH_MODE)
+    net = Net()
+    begins = []  # (step, whether backward already ran): a begin from the optimizer hook would see grads
+    obs.subscribe(obs.Event.STEP_BEGIN, lambda step: begins.append((step, net.fc1.weight.grad is not None)))
+    train(obs.compile(net, backend="eager"), steps=2)
+    assert begins == [(1, False), (2, False)]
