@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Iterator
 
 __all__ = [
-    "capture_internal_errors",
     "internal_error_counts",
     "report_internal_error",
     "set_raise_internal_errors",
@@ -54,15 +53,6 @@ def internal_error_counts() -> dict[str, int]:
     """How many internal errors each site swallowed so far."""
     with _lock:
         return dict(_counts)
-
-
-@contextlib.contextmanager
-def capture_internal_errors(site: str) -> Iterator[None]:
-    """Context manager form of :func:`report_internal_error`."""
-    try:
-        yield
-    except Exception as exc:  # the policy itself: count, log once, swallow
-        report_internal_error(site, exc)
 
 
 class ThreadState(threading.local):

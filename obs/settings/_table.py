@@ -11,9 +11,6 @@ from obs.settings._validators import Dict, Validator, did_you_mean
 
 __all__ = ["Option", "OptionTable", "Validated", "canonical_device"]
 
-ALL_DEVICES = frozenset({"CPU", "GPU", "Ascend"})
-
-
 def canonical_device(target: str) -> str:
     """``Davinci`` is the originals' old name of ``Ascend``."""
     return "Ascend" if target == "Davinci" else target

@@ -7,17 +7,16 @@ raise :class:`ObsConfigTypeError` (a TypeError), everything else :class:`ObsConf
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
 
 __all__ = [
-    "Bool", "Choice", "Dict", "ExistingFile", "Float", "Int", "Mapped", "SaveGraphsLevel", "Size", "Str",
+    "Bool", "Choice", "Dict", "ExistingFile", "Int", "Mapped", "SaveGraphsLevel", "Size", "Str",
     "Validator", "did_you_mean", "fail", "type_fail",
 ]
 
@@ -78,23 +77,6 @@ class Int(Validator):
 
     def describe(self) -> str:
         return f"int {self._range()}" if (self.min is not None or self.max is not None) else "int"
-
-
-@dataclass(frozen=True)
-class Float(Validator):
-    min: float | None = None
-    max: float | None = None
-
-    def __call__(self, value: Any, name: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise type_fail(name, "a number", value)
-        if not math.isfinite(value) or (self.min is not None and value < self.min) or (
-                self.max is not None and value > self.max):
-            raise fail(name, f"a finite number in [{self.min}, {self.max}]", value)
-        return float(value)
-
-    def describe(self) -> str:
-        return f"float in [{self.min}, {self.max}]"
 
 
 @dataclass(frozen=True)
@@ -246,5 +228,3 @@ class Dict(Validator):
     def describe(self) -> str:
         return "dict: " + ", ".join(self.schema)
 
-
-Check = Callable[[Any, str], Any]

@@ -7,7 +7,6 @@ Precedence (one function, :func:`resolve`): defaults < ``MS_RDR_*`` environment 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,9 +51,6 @@ class EnvConfig:
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {section: dict(keys) for section, keys in self.values.items()}
-
-    def get(self, section: str, key: str) -> Any:
-        return self.values[section][key]
 
 
 @dataclass(frozen=True)
@@ -167,7 +163,3 @@ def resolve(parsed: ParsedFile | None, environ: Mapping[str, str]) -> EnvConfig:
                 values[section][key] = value
                 origins[section][key] = "file"
     return EnvConfig(values, origins, parsed.path if parsed is not None else "")
-
-
-def current_environ() -> Mapping[str, str]:
-    return os.environ

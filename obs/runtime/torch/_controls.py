@@ -89,11 +89,13 @@ def _gpu_config(values: Mapping[str, Any]) -> None:
         cudnn.allow_tf32, matmul.allow_tf32, cudnn.benchmark = previous
 
     _save("gpu_config", undo)
-    cfg = _get(values, "gpu_config")
-    cudnn.allow_tf32 = cfg.get("conv_allow_tf32", True)
-    matmul.allow_tf32 = cfg.get("matmul_allow_tf32", False)
+    from obs.settings.context_options import CONTEXT_OPTIONS
+
+    cfg = {**CONTEXT_OPTIONS["gpu_config"].check.defaults, **_get(values, "gpu_config")}  # type: ignore[attr-defined]
+    cudnn.allow_tf32 = cfg["conv_allow_tf32"]
+    matmul.allow_tf32 = cfg["matmul_allow_tf32"]
     # cuDNN's "performance" = try every algorithm and keep the fastest: PyTorch's benchmark mode.
-    algos = [cfg.get(k, "normal") for k in ("conv_fprop_algo", "conv_dgrad_algo", "conv_wgrad_algo")]
+    algos = [cfg[k] for k in ("conv_fprop_algo", "conv_dgrad_algo", "conv_wgrad_algo")]
     cudnn.benchmark = "performance" in algos
 
 
