@@ -98,24 +98,22 @@ class ModuleHooks:
                     handler(scope, module)
                 except Exception as exc:
                     report_internal_error("MODULE_ENTER handler", exc)
+            error: BaseException | None = None
             try:
-                out = original(module, *args, **kwargs)
-            except BaseException as error:
+                return original(module, *args, **kwargs)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
                 stack.pop()
                 for handler in hooks.exit:
                     try:
                         handler(scope, module, error)
                     except Exception as exc:
                         report_internal_error("MODULE_EXIT handler", exc)
-                _fault(scope, error)
-                raise
-            stack.pop()
-            for handler in hooks.exit:
-                try:
-                    handler(scope, module, None)
-                except Exception as exc:
-                    report_internal_error("MODULE_EXIT handler", exc)
-            return out
+                if error is not None:
+                    _fault(scope, error)
+                    error = None  # break the frame <-> traceback cycle
 
         torch.nn.Module.__call__ = __call__  # type: ignore[method-assign]
 
