@@ -8,17 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from obs import device_context
+from obs import device_context, ops
 from obs._core.errors import DeviceUnavailableError, ObsConfigError, ObsError
 from obs._core.events import Event, EventBus, HookValidationError, Subscription, bus
 from obs._core.internal import internal_error_counts
 from obs.runtime import _activation
+from obs.printing import Print
+from obs.printing import feature as _print_feature
 from obs.runtime._torch_settings import TorchSettings
 from obs.runtime.steps import step, steps
 from obs.settings import _env_feature
 from obs.settings._context import get_context, register_applier, reset_context, set_context
 from obs.settings._env_feature import ObsConfigWarning, env_config
 from obs.settings.context_options import COMPATIBLE, DEBUG, GRAPH_MODE, LAX, PYNATIVE_MODE, RELEASE, STRICT
+from printsink.reader import parse_print
 from obs.settings.parallel import (ParallelMode, get_auto_parallel_context, get_ps_context, rank,
                                    reset_auto_parallel_context, reset_ps_context, set_auto_parallel_context,
                                    set_ps_context, world_size)
@@ -27,9 +30,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "COMPATIBLE", "DEBUG", "DeviceUnavailableError", "Event", "EventBus", "GRAPH_MODE", "HookValidationError", "LAX",
-    "ObsConfigError", "ObsConfigWarning", "ObsError", "PYNATIVE_MODE", "ParallelMode", "RELEASE", "STRICT",
+    "ObsConfigError", "ObsConfigWarning", "ObsError", "PYNATIVE_MODE", "Print", "ParallelMode", "RELEASE", "STRICT",
     "Subscription", "__version__", "bus", "compile", "device", "device_context", "env_config",
-    "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "rank",
+    "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "ops", "parse_print", "rank",
     "reset_auto_parallel_context", "reset_context", "reset_ps_context", "set_auto_parallel_context",
     "set_context", "set_ps_context", "step", "steps", "subscribe", "world_size",
 ]
@@ -53,4 +56,5 @@ def __getattr__(name: str) -> Any:
 
 register_applier(_env_feature.feature)
 register_applier(TorchSettings())
+register_applier(_print_feature)
 _activation.install()

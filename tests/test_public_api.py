@@ -12,9 +12,10 @@ import recorder
 
 OBS_ALL = [
     "COMPATIBLE", "DEBUG", "DeviceUnavailableError", "Event", "EventBus", "GRAPH_MODE", "HookValidationError", "LAX",
-    "ObsConfigError", "ObsConfigWarning", "ObsError", "PYNATIVE_MODE", "ParallelMode", "RELEASE", "STRICT",
+    "ObsConfigError", "ObsConfigWarning", "ObsError", "PYNATIVE_MODE", "Print", "ParallelMode", "RELEASE", "STRICT",
     "Subscription", "__version__", "bus", "compile", "device", "device_context", "env_config",
-    "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "rank",
+    "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "ops", "parse_print",
+    "rank",
     "reset_auto_parallel_context", "reset_context", "reset_ps_context", "set_auto_parallel_context",
     "set_context", "set_ps_context", "step", "steps", "subscribe", "world_size",
 ]
@@ -33,7 +34,8 @@ def test_constants_match_the_originals():
 
 
 def test_other_top_level_packages_import():
-    assert recorder.__all__ == [] and printsink.__all__ == [] and exporters.__all__ == []
+    assert recorder.__all__ == [] and exporters.__all__ == []
+    assert "parse_print" in printsink.__all__ and all(getattr(printsink, n) for n in printsink.__all__)
 
 
 def test_import_obs_does_not_import_torch_opentelemetry_or_rich():

@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("file")
     c.add_argument("--json", action="store_true", help="machine-readable output")
 
+    p = sub.add_parser("print", help="show the values of a print file (print_file_path), like parse_print")
+    p.add_argument("file")
+    p.add_argument("--follow", "-f", action="store_true", help="keep reading as a running job appends calls")
+    p.add_argument("--partial", action="store_true", help="show the complete calls of a file whose last record "
+                   "is truncated (the writer was killed) instead of failing")
+    p.add_argument("--json", action="store_true", help="one JSON object per call (JSON lines)")
+
     p = sub.add_parser("run", help="run a Python script with obs settings applied (like python -m cProfile)")
     _settings_arguments(p)
     p.add_argument("script", help="the training script")
@@ -79,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from obs.cli._config_view import run_check
 
             return run_check(args.file, as_json=args.json)
+        if args.command == "print":
+            from obs.cli._print_view import run_print
+
+            return run_print(args.file, follow=args.follow, as_json=args.json, partial=args.partial)
         if args.command == "run":
             from obs.cli._run import run_script
 

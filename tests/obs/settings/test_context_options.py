@@ -72,6 +72,8 @@ def _good(tmp_path):
             path = tmp_path / "obs.json"
             path.write_text('{"rdr": {"enable": false}}')
             return str(path)
+        if key == "print_file_path":  # applying it creates the file
+            return str(tmp_path / value)
         return value
     return good
 

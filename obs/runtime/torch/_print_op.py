@@ -1,0 +1,55 @@
+"""Print inside ``torch.compile``: a registered custom op with side effects, so no graph break.
+
+The tensors travel as op inputs; strings and Python scalars are constants of the trace, packed
+into one JSON ``spec`` string (custom ops take no ``str[]``).  At run time the op rebuilds the
+call and hands it to the eager Print path.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+__all__ = ["print_in_graph"]
+
+def _flatten(values: Any, out: list[Any]) -> list[Any]:
+    for value in values:
+        if isinstance(value, (tuple, list)):
+            _flatten(value, out)
+        else:
+            out.append(value)
+    return out
+
+
+@torch.compiler.assume_constant_result
+def _spec(constants: tuple[Any, ...]) -> str:
+    return json.dumps(constants)
+
+
+@torch.library.custom_op("obs::print_values", mutates_args=())
+def print_values(tensors: list[torch.Tensor], spec: str) -> None:
+    """Publish one Print call: ``spec`` lists the values, ``null`` marking the next tensor."""
+    it = iter(tensors)
+    values = tuple(next(it) if v is None else v for v in json.loads(spec))
+    from obs.printing import publish  # the eager Print path, resolved at run time (never traced)
+
+    publish(values, "<compiled graph>")
+
+
+@print_values.register_fake
+def _(tensors: list[torch.Tensor], spec: str) -> None:
+    return None
+
+
+def print_in_graph(values: tuple[Any, ...]) -> None:
+    """Called while Dynamo traces ``obs.Print``: emits the custom op into the graph."""
+    flat = _flatten(values, [])
+    tensors = [v for v in flat if isinstance(v, torch.Tensor)]
+    constants = tuple(None if isinstance(v, torch.Tensor) else v for v in flat)
+    torch.ops.obs.print_values(tensors, _spec(constants))
+
+
+if hasattr(torch.fx.node, "has_side_effect"):
+    torch.fx.node.has_side_effect(torch.ops.obs.print_values.default)

@@ -1,0 +1,230 @@
+"""obs.Print end to end: print_file_path rules, screen output, events, threads, processes, compiled graphs."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import obs
+from obs.printing import ENV_PRINT_FILE, feature
+from printsink.reader import iter_print
+from tests.printsink.print_pb2 import Print as MindSporePrint
+
+
+def test_file_gets_every_value_and_mindspore_parses_it(tmp_path):
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    obs.Print("x is:", x, "scalar:", 2.5, torch.tensor(3, dtype=torch.int32), torch.tensor([True, False]))
+    obs.ops.Print()("loss", (np.float16(0.5), [1, 2]))
+    obs.reset_context()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    parsed = obs.parse_print(path)
+    assert parsed[0] == "x is:" and np.array_equal(parsed[1], x.numpy()) and parsed[3].item() == 2.5
+    assert parsed[2] == "scalar:" and parsed[4].item() == 3 and parsed[5].tolist() == [True, False]
+    assert parsed[6] == "loss" and parsed[7].dtype == np.float16 and [p.item() for p in parsed[8:]] == [1, 2]
+    merged = MindSporePrint.FromString(path.read_bytes())
+    assert [v.tensor.tensor_type for v in merged.value if v.HasField("tensor")] == \
+        ["Float32", "Float64", "Int32", "Bool", "Float16", "Int64", "Int64"]
+
+
+def test_metadata_says_when_and_where(tmp_path):
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    with obs.step():
+        before = time.time_ns()
+        obs.Print("in step")
+        line = sys._getframe().f_lineno - 1
+    obs.reset_context()
+    (call,) = iter_print(path)
+    assert call.meta.step == 1 and call.meta.pid == os.getpid() and call.meta.rank == 0
+    assert call.meta.source == f"{__file__}:{line}" and before <= call.meta.time_ns <= time.time_ns()
+
+
+def test_existing_file_is_kept_and_output_goes_to_a_timestamped_name(tmp_path):
+    path = tmp_path / "print.pb"
+    path.write_bytes(b"precious")
+    obs.set_context(print_file_path=str(path))
+    obs.Print("new")
+    target = feature.writer.path
+    obs.reset_context()
+    assert path.read_bytes() == b"precious"
+    name, _, stamp = os.path.basename(target).rpartition(".")
+    assert name == "print.pb" and abs(int(stamp) - time.time()) < 5
+    assert obs.parse_print(target) == ["new"]
+
+
+def test_existing_timestamped_name_too_is_a_value_error(tmp_path, monkeypatch):
+    path = tmp_path / "print.pb"
+    path.write_bytes(b"a")
+    monkeypatch.setattr(time, "time", lambda: 1795351692.5)
+    (tmp_path / "print.pb.1795351692").write_bytes(b"b")
+    with pytest.raises(ValueError, match=r"print.pb.1795351692' that output would go to instead"):
+        obs.set_context(print_file_path=str(path))
+    assert obs.get_context("print_file_path") == "" and feature.writer is None
+
+
+def test_directory_is_an_is_a_directory_error(tmp_path):
+    with pytest.raises(IsADirectoryError, match="print_file_path must be a file path"):
+        obs.set_context(print_file_path=str(tmp_path))
+
+
+def test_empty_path_is_a_value_error():
+    with pytest.raises(ValueError, match="print_file_path"):
+        obs.set_context(print_file_path="")
+
+
+def test_a_failing_call_creates_no_file(tmp_path):
+    path = tmp_path / "sub" / "print.pb"
+    with pytest.raises(ValueError):
+        obs.set_context(print_file_path=str(path), save_graphs=-1)
+    assert not path.parent.exists() and feature.writer is None
+
+
+def test_parent_folders_are_created_private(tmp_path):
+    path = tmp_path / "a" / "b" / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    assert path.exists() and stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+
+
+def test_new_path_closes_the_old_file_and_reset_closes_the_new(tmp_path):
+    first, second = tmp_path / "1.pb", tmp_path / "2.pb"
+    obs.set_context(print_file_path=str(first))
+    obs.Print("one")
+    old = feature.writer
+    obs.set_context(print_file_path=str(second))
+    assert old.closed and os.environ[ENV_PRINT_FILE] == str(second)
+    obs.Print("two")
+    new = feature.writer
+    obs.reset_context()
+    assert new.closed and ENV_PRINT_FILE not in os.environ
+    assert obs.parse_print(first) == ["one"] and obs.parse_print(second) == ["two"]
+
+
+def test_screen_output_in_mindspore_style(capsys):
+    obs.Print("x is:", torch.arange(6, dtype=torch.float32).reshape(2, 3), "scalar:", 2.5, torch.tensor(3))
+    assert capsys.readouterr().out == ("x is:\nTensor(shape=[2, 3], dtype=Float32, value=\n[[0., 1., 2.],\n"
+                                       " [3., 4., 5.]])\nscalar:\n2.5\n3\n")
+
+
+def test_print_event_carries_items_and_meta(capsys):
+    seen = []
+    obs.subscribe(obs.Event.PRINT, lambda values, meta: seen.append((values, meta)))
+    obs.Print("v", 1)
+    ((values, meta),) = seen
+    assert values[0] == "v" and values[1].dtype == "Int64" and meta.n_values == 2
+
+
+def test_bad_values_raise_before_anything_is_written(tmp_path):
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    with pytest.raises(TypeError, match="got dict"):
+        obs.Print("ok", {"no": 1})
+    assert path.stat().st_size == 0
+
+
+def test_threads_never_tear_records(tmp_path):
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+
+    def work(k):
+        for i in range(150):
+            obs.Print(f"thread {k}", np.full(1000 + k * 3000, i, dtype=np.int32))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    obs.reset_context()
+    per_thread: dict[str, list[int]] = {}
+    for call in iter_print(path):
+        label, data = call.values
+        k = int(label.split()[1])
+        assert data.size == 1000 + k * 3000 and (data == data[0]).all()
+        per_thread.setdefault(label, []).append(int(data[0]))
+    assert all(v == list(range(150)) for v in per_thread.values()) and len(per_thread) == 6
+
+
+def _fork_worker(k):
+    for i in range(100):
+        obs.Print(f"proc {k}", np.full(20_000, i, dtype=np.float32))
+    return os.getpid()
+
+
+def test_forked_processes_append_whole_records(tmp_path):
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    with multiprocessing.get_context("fork").Pool(3) as pool:
+        pids = set(pool.map(_fork_worker, range(3)))
+    obs.reset_context()
+    calls = list(iter_print(path))
+    assert len(calls) == 300 and {c.meta.pid for c in calls} == pids
+    for call in calls:
+        assert (call.values[1] == call.values[1][0]).all()
+
+
+class PrintingDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        obs.Print("sample", i, torch.full((4,), float(i)))
+        return torch.tensor(i)
+
+
+def test_spawned_dataloader_workers_append_to_the_same_file(tmp_path):
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    loader = torch.utils.data.DataLoader(PrintingDataset(), batch_size=2, num_workers=2,
+                                         multiprocessing_context="spawn")
+    assert sorted(int(x) for batch in loader for x in batch) == list(range(8))
+    obs.reset_context()
+    calls = list(iter_print(path))
+    assert sorted(int(c.values[1]) for c in calls) == list(range(8))
+    assert len({c.meta.pid for c in calls}) == 2 and os.getpid() not in {c.meta.pid for c in calls}
+
+
+def test_compiled_function_prints_without_graph_break(tmp_path):
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+
+    def f(x):
+        y = x * 2
+        obs.Print("y is:", y, 0.5, (3, True))
+        return y + 1
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for k in range(3):
+        assert torch.equal(compiled(torch.full((3,), float(k))), torch.full((3,), 2.0 * k + 1))
+    obs.reset_context()
+    calls = list(iter_print(path))
+    assert [c.values[1].tolist() for c in calls] == [[0.0] * 3, [2.0] * 3, [4.0] * 3]
+    assert [c.values[0] for c in calls] == ["y is:"] * 3 and calls[0].values[2].item() == 0.5
+    assert calls[0].values[3].dtype == np.int64 and calls[0].values[4].dtype == np.bool_
+    assert calls[0].meta.source == "<compiled graph>"
+
+
+def test_a_kill_right_after_print_loses_nothing(tmp_path):
+    path = tmp_path / "print.pb"
+    script = textwrap.dedent(f"""
+        import os, signal, numpy as np, obs
+        obs.set_context(print_file_path={str(path)!r})
+        for i in range(50):
+            obs.Print("i", i, np.full(10_000, i, dtype=np.float32))
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL
+    assert [int(c.values[1]) for c in iter_print(path)] == list(range(50))
