@@ -7,7 +7,7 @@ parser keeps as an unknown field and ignores) followed by one ``value`` (field 1
     message Value { oneof value { string desc = 1; TensorProto tensor = 2; } }
     message TensorProto { repeated int64 dims = 1; required string tensor_type = 2;
                           required bytes tensor_content = 3; }
-    message CallMeta { uint64 seq = 1; uint64 time_ns = 2; uint64 step = 3; uint64 rank = 4;
+    message CallMeta { uint64 seq = 1; fixed64 time_ns = 2; uint64 step = 3; uint64 rank = 4;
                        uint64 pid = 5; string source = 6; uint64 n_values = 7; }
 
 ``dims`` are unpacked (proto2), one ``0x08`` tag per dim, as MindSpore writes them.  Tensor
@@ -17,21 +17,23 @@ in which case they are folded into the preceding header so a record costs few io
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Union
+import struct
+from typing import NamedTuple, Union
 
-from printsink.values import Item, TensorItem
+from printsink.dtypes import SUPPORTED
+from printsink.values import Item
 
 __all__ = ["META_FIELD", "CallMeta", "encode_bytes", "encode_meta", "encode_record", "varint"]
 
 META_FIELD = 15
 _INLINE_MAX = 16 * 1024  # contents up to this size are copied into the header buffer
+_META_TAG = bytes(((META_FIELD << 3) | 2,))
+_FIXED64 = struct.Struct("<Q").pack
 
 Buffer = Union[bytes, bytearray, memoryview]
 
 
-@dataclass(frozen=True, slots=True)
-class CallMeta:
+class CallMeta(NamedTuple):
     """When and where one Print call happened; ``n_values`` lets a reader spot a cut record."""
 
     seq: int
@@ -43,12 +45,15 @@ class CallMeta:
     n_values: int
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
+
+
 def varint(value: int) -> bytes:
     """Protobuf base-128 varint of a non-negative int (negative int64 take 10 bytes, as protobuf)."""
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
     if value < 0:
         value += 1 << 64
-    if value < 0x80:
-        return bytes((value,))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -57,24 +62,17 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _put_len(out: bytearray, tag: int, payload: bytes) -> None:
-    out.append(tag)
-    out += varint(len(payload))
-    out += payload
+def _len_field(tag: bytes, payload: bytes) -> bytes:
+    return tag + varint(len(payload)) + payload
 
 
 def encode_meta(meta: CallMeta) -> bytes:
     """The whole field-15 entry (tag, length, CallMeta message)."""
-    body = bytearray()
-    for number, value in ((1, meta.seq), (2, meta.time_ns), (3, meta.step), (4, meta.rank), (5, meta.pid)):
-        body.append(number << 3)
-        body += varint(value)
-    _put_len(body, (6 << 3) | 2, meta.source.encode("utf-8", "surrogatepass"))
-    body.append(7 << 3)
-    body += varint(meta.n_values)
-    out = bytearray()
-    _put_len(out, (META_FIELD << 3) | 2, bytes(body))
-    return bytes(out)
+    body = b"".join((
+        b"\x08", varint(meta.seq), b"\x11", _FIXED64(meta.time_ns), b"\x18", varint(meta.step),
+        b"\x20", varint(meta.rank), b"\x28", varint(meta.pid),
+        _len_field(b"\x32", meta.source.encode("utf-8", "surrogatepass")), b"\x38", varint(meta.n_values)))
+    return _len_field(_META_TAG, body)
 
 
 def encode_record(items: list[Item], meta: CallMeta | None = None) -> list[Buffer]:
@@ -83,25 +81,17 @@ def encode_record(items: list[Item], meta: CallMeta | None = None) -> list[Buffe
     head = bytearray(encode_meta(meta)) if meta is not None else bytearray()
     for item in items:
         if isinstance(item, str):
-            desc = bytearray()
-            _put_len(desc, 0x0A, item.encode("utf-8", "surrogatepass"))
-            head.append(0x0A)
-            head += varint(len(desc))
-            head += desc
+            head += _len_field(b"\x0a", _len_field(b"\x0a", item.encode("utf-8", "surrogatepass")))
             continue
         nbytes = item.nbytes
-        tensor = bytearray()
-        for dim in item.dims:
-            tensor.append(0x08)
-            tensor += varint(dim)
-        _put_len(tensor, 0x12, item.dtype.encode("ascii"))
-        tensor.append(0x1A)
-        tensor += varint(nbytes)
+        name = _NAME_FIELD.get(item.dtype) or _len_field(b"\x12", item.dtype.encode("ascii"))
+        tensor = b"".join([b"\x08" + varint(d) for d in item.dims] + [name, b"\x1a", varint(nbytes)])
         tensor_len = len(tensor) + nbytes
-        head.append(0x0A)
-        head += varint(1 + len(varint(tensor_len)) + tensor_len)
-        head.append(0x12)
-        head += varint(tensor_len)
+        size = varint(tensor_len)
+        head += b"\x0a"
+        head += varint(1 + len(size) + tensor_len)
+        head += b"\x12"
+        head += size
         head += tensor
         if nbytes <= _INLINE_MAX:
             head += item.content()
@@ -118,3 +108,6 @@ def encode_bytes(items: list[Item], meta: CallMeta | None = None) -> bytes:
     """One record as a single bytes object (tests and small tools)."""
     return b"".join(bytes(p) for p in encode_record(items, meta))
 
+
+
+_NAME_FIELD = {name: _len_field(b"\x12", name.encode("ascii")) for name in SUPPORTED}

@@ -1,8 +1,8 @@
 """Read print files: a streaming record reader, ``parse_print`` and a follower for live files.
 
 Pure: files in, dataclasses and numpy arrays out.  Memory is bounded by the largest record;
-tensor contents larger than 64 KiB are read straight into the array returned (no copy after
-the kernel's), smaller ones are copied out of a 1 MiB read buffer.  Files from MindSpore (no
+tensor contents larger than 16 KiB are read straight into the array returned (no copy after
+the kernel's), smaller ones are copied out of a 64 KiB read-ahead buffer.  Files from MindSpore (no
 obs metadata) are read too: each value is then its own call, with ``meta=None``.
 """
 
@@ -25,8 +25,8 @@ __all__ = ["PrintCall", "PrintFileError", "PrintFileWarning", "TruncatedPrintFil
 
 _META_TAG = (META_FIELD << 3) | 2
 _VALUE_TAG = 0x0A
-_CHUNK = 1 << 20
-_DIRECT = 64 * 1024
+_CHUNK = 64 * 1024  # read-ahead for headers and small values; larger contents are read straight into place
+_DIRECT = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,13 +125,17 @@ class _Source:
     def take_array(self, n: int) -> np.ndarray:
         """``n`` bytes as a fresh, writable uint8 array; large ones are read straight into it."""
         have = len(self.buf) - self.pos
-        if n <= _DIRECT or n <= have:
+        if n <= _DIRECT:
             if not self.fill(n):
                 raise _Truncated
             out = np.frombuffer(self.buf, np.uint8, n, self.pos).copy()
             self.pos += n
             return out
         out = np.empty(n, np.uint8)
+        if have >= n:
+            out[:] = np.frombuffer(self.buf, np.uint8, n, self.pos)
+            self.pos += n
+            return out
         out[:have] = np.frombuffer(self.buf, np.uint8, have, self.pos)
         view = memoryview(out)[have:]
         while view:
@@ -208,6 +212,8 @@ class _Parser:
             tag = src.varint()
             if tag == (6 << 3) | 2:
                 source = src.take(src.length(end, "obs call metadata")).decode("utf-8", "replace")
+            elif tag == (2 << 3) | 1:
+                ints[2] = int.from_bytes(src.take(8), "little")
             elif tag & 7 == 0 and tag >> 3 in ints:
                 ints[tag >> 3] = src.varint()
             else:

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from obs._core.internal import suppressed
 from printsink.dtypes import NAME_OF_NUMPY, NAME_OF_TORCH
 
 __all__ = ["Item", "TensorItem", "normalize"]
@@ -90,17 +89,22 @@ def _is_torch_tensor(value: Any) -> bool:
 def _from_torch(tensor: Any) -> TensorItem:
     import torch
 
+    from obs._core.internal import suppressed  # here, not at the top: `import printsink` must not import obs
+
     name = NAME_OF_TORCH.get(str(tensor.dtype))
     if name is None:
         raise TypeError(f"obs.Print: torch dtype {tensor.dtype} is not printable; supported: "
                         f"{', '.join(sorted(NAME_OF_TORCH))}")
     if tensor.layout is not torch.strided:
         raise TypeError(f"obs.Print: only dense (strided) tensors are printable (got layout {tensor.layout})")
-    with suppressed(), torch.no_grad():
+    with suppressed():
         t = tensor.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        t = t.resolve_conj().resolve_neg().contiguous()
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
+        if not t.is_contiguous():
+            t = t.contiguous()
         if name == "BFloat16":
             t = t.view(torch.int16)
         data = t.numpy()

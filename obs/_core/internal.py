@@ -7,12 +7,10 @@ swallowed.  The test suite (or ``OBS_RAISE_INTERNAL_ERRORS=1``) turns it into a 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
 
 __all__ = [
     "internal_error_counts",
@@ -72,11 +70,20 @@ def is_suppressed() -> bool:
     return SUPPRESSION.depth > 0
 
 
-@contextlib.contextmanager
-def suppressed() -> Iterator[None]:
-    """Run a block with every obs hook on this thread ignoring what it does."""
-    SUPPRESSION.depth += 1
-    try:
-        yield
-    finally:
+class _Suppressed:
+    # A class, not @contextmanager: a generator-based one costs ~1 µs per use, this ~0.2 µs.
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        SUPPRESSION.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
         SUPPRESSION.depth -= 1
+
+
+_SUPPRESSED = _Suppressed()
+
+
+def suppressed() -> _Suppressed:
+    """Run a block with every obs hook on this thread ignoring what it does: ``with suppressed(): ...``."""
+    return _SUPPRESSED

@@ -43,7 +43,7 @@ def _build(with_meta: bool):
     if with_meta:
         meta = fdp.message_type.add(name="CallMeta")
         for number, name in enumerate(("seq", "time_ns", "step", "rank", "pid"), start=1):
-            meta.field.append(_field(name, number, F.TYPE_UINT64))
+            meta.field.append(_field(name, number, F.TYPE_FIXED64 if name == "time_ns" else F.TYPE_UINT64))
         meta.field.append(_field("source", 6, F.TYPE_STRING))
         meta.field.append(_field("n_values", 7, F.TYPE_UINT64))
         printmsg.field.append(_field("obs_meta", 15, F.TYPE_MESSAGE, type_name=f".{pkg}.CallMeta"))
