@@ -28,6 +28,6 @@ def format_tensor(item: TensorItem) -> str:
 def format_array(data: np.ndarray, dtype: str) -> str:
     """``value`` for 0-d arrays, else the ``Tensor(shape=..., dtype=..., value=...)`` block."""
     if data.ndim == 0:
-        return str(data.item())
+        return np.array2string(data)
     body = np.array2string(data, separator=", ", threshold=1000, edgeitems=3)
     return f"Tensor(shape={list(data.shape)}, dtype={dtype}, value=\n{body})"

@@ -57,6 +57,7 @@ def run_demo(steps: int) -> DemoResult:
     def on_module(scope: str, module: Any) -> None:
         counts["module_enter"] += 1
 
+    print_file = obs.get_context("print_file_path")
     losses = []
     with obs.subscribe(obs.Event.STEP_END, on_step_end), obs.subscribe(obs.Event.MODULE_ENTER, on_module):
         hooks = dict(adapter.installed)
@@ -67,12 +68,21 @@ def run_demo(steps: int) -> DemoResult:
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            if print_file and i % 10 == 0:
+                obs.Print(f"step {i + 1} loss:", loss.detach(), "first layer bias:", model.state_dict()["0.bias"][:4])
+    produced, next_commands = [], ["obs options", "obs config check obs_config.json",
+                                   "obs run your_train.py --config obs_config.json"]
+    if print_file:
+        from obs.printing import feature
+
+        written = feature.writer.path if feature.writer is not None else print_file
+        produced.append(f"{written} (Print records)")
+        next_commands.insert(0, f"obs print {written}")
     return DemoResult(
         device=str(dev), steps=steps, first_loss=losses[0], last_loss=losses[-1],
         median_step_ms=statistics.median(durations) / 1e6 if durations else 0.0, events=dict(counts),
         hooks=hooks, settings={k: v for k, v in snapshot().items()}, env_config=obs.env_config(),
-        next_commands=["obs options", "obs config check obs_config.json",
-                       "obs run your_train.py --config obs_config.json"])
+        produced=produced, next_commands=next_commands)
 
 
 def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, Any]], as_json: bool) -> int:

@@ -228,3 +228,14 @@ def test_a_kill_right_after_print_loses_nothing(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert result.returncode == -signal.SIGKILL
     assert [int(c.values[1]) for c in iter_print(path)] == list(range(50))
+
+
+def test_a_fault_fsyncs_the_print_file(tmp_path, monkeypatch):
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    obs.Print("before the crash")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    obs.bus.emit(obs.Event.FAULT, "exception", "forward", RuntimeError("boom"))
+    assert synced == [feature.writer._fd]

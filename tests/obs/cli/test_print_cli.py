@@ -79,3 +79,16 @@ def test_follow_shows_calls_while_a_job_writes(tmp_path):
         proc.wait(timeout=30)
         proc.stdout.close()
     assert [line["values"][0]["value"] for line in lines] == ["call 0", "call 1", "call 2"]
+
+
+def test_demo_writes_print_records_and_points_to_obs_print(tmp_path):
+    path = tmp_path / "demo.pb"
+    result = obs_cli("demo", "--steps", "12", "--set", f"print_file_path={path}", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["next_commands"][0] == f"obs print {path}" and str(path) in data["produced"][0]
+    from printsink.reader import iter_print
+
+    calls = list(iter_print(path))
+    assert [c.values[0] for c in calls] == ["step 1 loss:", "step 11 loss:"]
+    assert calls[0].values[3].shape == (4,) and "_demo.py:" in calls[0].meta.source
