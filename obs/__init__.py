@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from obs import device_context, ops
+from obs import device_context, ops, rdr
 from obs._core.errors import DeviceUnavailableError, ObsConfigError, ObsError
 from obs._core.events import Event, EventBus, HookValidationError, Subscription, bus
 from obs._core.internal import internal_error_counts
@@ -32,7 +32,7 @@ __all__ = [
     "COMPATIBLE", "DEBUG", "DeviceUnavailableError", "Event", "EventBus", "GRAPH_MODE", "HookValidationError", "LAX",
     "ObsConfigError", "ObsConfigWarning", "ObsError", "PYNATIVE_MODE", "Print", "ParallelMode", "RELEASE", "STRICT",
     "Subscription", "__version__", "bus", "compile", "device", "device_context", "env_config",
-    "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "ops", "parse_print", "rank",
+    "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "ops", "parse_print", "rank", "rdr",
     "reset_auto_parallel_context", "reset_context", "reset_ps_context", "set_auto_parallel_context",
     "set_context", "set_ps_context", "step", "steps", "subscribe", "world_size",
 ]
@@ -57,4 +57,6 @@ def __getattr__(name: str) -> Any:
 register_applier(_env_feature.feature)
 register_applier(TorchSettings())
 register_applier(_print_feature)
+register_applier(rdr.feature)
 _activation.install()
+rdr.start_from_environment()

@@ -62,6 +62,27 @@ def build_parser() -> argparse.ArgumentParser:
                    "is truncated (the writer was killed) instead of failing")
     p.add_argument("--json", action="store_true", help="one JSON object per call (JSON lines)")
 
+    p = sub.add_parser("rdr", help="post-mortem: Running Data Recorder bundles")
+    rsub = p.add_subparsers(dest="rdr_command", metavar="ACTION")
+    rsub.required = True
+    r = rsub.add_parser("ls", help="bundles under PATH, newest first (default $MS_RDR_PATH or .)")
+    r.add_argument("path", nargs="?")
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r = rsub.add_parser("show", help="what happened: reason, step, failing module/op, exception, timeline, stacks")
+    r.add_argument("bundle", help="a bundle folder, an rdr folder (its newest bundle) or .../latest")
+    r.add_argument("--last", type=int, default=30, help="events in the timeline (default 30)")
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r = rsub.add_parser("events", help="the recorded events of a bundle")
+    r.add_argument("bundle")
+    r.add_argument("--kind", action="append", default=[], help="only these kinds (repeatable or comma-separated): "
+                   "step_begin, step_end, module_enter, module_exit, op, memory, collective, print, fault, "
+                   "settings, graph, marker")
+    r.add_argument("--last", type=int, default=None, help="only the last N")
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r = rsub.add_parser("recover", help="turn the rings of dead processes (SIGKILL, OOM, segfault) into bundles")
+    r.add_argument("path", help="an rdr folder, a tree of them, or one ring file")
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+
     p = sub.add_parser("run", help="run a Python script with obs settings applied (like python -m cProfile)")
     _settings_arguments(p)
     p.add_argument("script", help="the training script")
@@ -90,6 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             from obs.cli._print_view import run_print
 
             return run_print(args.file, follow=args.follow, as_json=args.json, partial=args.partial)
+        if args.command == "rdr":
+            from obs.cli import _rdr_view as view
+
+            if args.rdr_command == "ls":
+                return view.run_ls(args.path, as_json=args.json)
+            if args.rdr_command == "show":
+                return view.run_show(args.bundle, last=args.last, as_json=args.json)
+            if args.rdr_command == "events":
+                return view.run_events(args.bundle, kinds=args.kind, last=args.last, as_json=args.json)
+            return view.run_recover(args.path, as_json=args.json)
         if args.command == "run":
             from obs.cli._run import run_script
 

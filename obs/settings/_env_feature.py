@@ -37,6 +37,7 @@ class EnvConfigFeature:
         self._step_sub: Subscription | None = None
         self.last_error: str | None = None  #: the error of the last invalid reload, None after a good one
         self.debounce_s = 0.2
+        self.listeners: list[Any] = []  #: called with no argument after the settings in force changed
 
     # -- state -------------------------------------------------------------------------------
     def current(self) -> EnvConfig:
@@ -104,6 +105,8 @@ class EnvConfigFeature:
                    if old.values[section][key] != value}
         if changes:
             bus.emit(Event.SETTINGS_CHANGED, source, changes)
+            for listener in self.listeners:
+                listener()
 
     def _stop(self) -> None:
         if self._step_sub is not None:

@@ -13,9 +13,12 @@ from typing import Any
 
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
 from obs.settings._table import Option, OptionTable
-from obs.settings._validators import Bool, Choice, Str, did_you_mean
+from obs.settings._validators import Bool, Choice, Dict, Int, Str, did_you_mean
 
 __all__ = ["ENV_VARS", "SECTIONS", "EnvConfig", "load_file", "parse_env", "parse_text", "resolve"]
+
+#: slots per ring of the recorder (mirrors recorder.layout.DEFAULT_CAPACITY, pinned by a test)
+_RING_DEFAULTS = {"step": 4096, "module": 65536, "op": 65536, "memory": 4096, "collective": 8192, "blob": 1024}
 
 _ABS = Str(non_empty=True, pattern=r"/.*", expectation="an absolute path (starting with '/')")
 
@@ -24,6 +27,14 @@ SECTIONS: dict[str, OptionTable] = {
         Option("enable", Bool(), False, "Turn the Running Data Recorder on."),
         Option("mode", Choice((1, 2)), 1, "1: dump on faults only; 2: also at normal end."),
         Option("path", _ABS, "", "Absolute folder of RDR output (empty: the working directory)."),
+        Option("granularity", Choice(("off", "step", "module", "op")), "module",
+               "What the recorder keeps between faults: off (faults, prints, settings only), step (+ steps, memory, "
+               "collectives), module (+ module enter/exit), op (+ every aten op: slow, for debugging)."),
+        Option("capacity", Dict({name: Int(min=16, max=1 << 24) for name in _RING_DEFAULTS}, defaults=_RING_DEFAULTS),
+               {}, "Slots per ring, e.g. {\"op\": 262144}; unset rings keep their defaults "
+               + ", ".join(f"{k}={v}" for k, v in _RING_DEFAULTS.items()) + "."),
+        Option("hang_action", Choice(("dump", "abort")), "dump",
+               "On a hang (op_timeout seconds without progress): dump and keep running, or dump and abort."),
     ]),
     "sys": OptionTable("sys", [
         Option("mem_reuse", Bool(), True, "Reuse device memory between ops."),

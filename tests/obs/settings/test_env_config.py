@@ -19,7 +19,8 @@ def write(tmp_path, data, name="obs.json"):
 def test_full_file_is_read(tmp_path):
     path = write(tmp_path, {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path)}, "sys": {"mem_reuse": False}})
     obs.set_context(env_config_path=path)
-    assert obs.env_config() == {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path)},
+    assert obs.env_config() == {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path), "granularity": "module",
+                                        "capacity": {}, "hang_action": "dump"},
                                 "sys": {"mem_reuse": False}}
 
 
@@ -74,5 +75,6 @@ def test_env_config_path_is_stored_as_real_path(tmp_path, monkeypatch):
 
 
 def test_resolve_without_file_gives_defaults():
-    assert resolve(None, {}).as_dict() == {"rdr": {"enable": False, "mode": 1, "path": ""},
+    assert resolve(None, {}).as_dict() == {"rdr": {"enable": False, "mode": 1, "path": "", "granularity": "module",
+                                                   "capacity": {}, "hang_action": "dump"},
                                            "sys": {"mem_reuse": True}}

@@ -1,0 +1,317 @@
+"""The Running Data Recorder: bus events → the memory-mapped ring; faults → bundles.
+
+Recording is O(1) per event and does no I/O: each handler interns its strings (once per
+distinct string) and packs one slot into the shared map.  ``granularity`` decides which
+events are subscribed at all: ``off`` (faults, prints, settings, graphs only), ``step`` (+ steps,
+memory, collectives), ``module`` (+ module enter/exit), ``op`` (+ every aten op).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from obs._core.events import Event, Subscription, bus
+from obs._core.internal import report_internal_error
+from recorder.bundle import SCHEMA_VERSION, bundle_name, safe_name, write_bundle, write_json_atomic
+from recorder.layout import DEFAULT_CAPACITY, Kind
+from recorder.ring import RingWriter
+from recorder.ring_reader import RingContents, read_ring
+from recorder.stacks import all_stacks, exception_record, stacks_text
+
+__all__ = ["GRANULARITIES", "RdrConfig", "Recorder", "bundle_parts", "rdr_dir"]
+
+GRANULARITIES = ("off", "step", "module", "op")
+_GRAPHS_KEPT = 32
+
+
+@dataclass(frozen=True)
+class RdrConfig:
+    """What the recorder does; built by ``obs`` from env config + context."""
+
+    path: str
+    mode: int = 1
+    granularity: str = "module"
+    capacity: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_CAPACITY))
+    op_timeout: int = 900
+    hang_action: str = "dump"
+
+
+def rdr_dir(path: str, rank: int) -> str:
+    """``{path}/rank_{rank}/rdr`` (MindSpore's layout)."""
+    return os.path.join(path or os.getcwd(), f"rank_{rank}", "rdr")
+
+
+class Recorder:
+    """Owns one ring file and the subscriptions feeding it; ``dump()`` writes a bundle."""
+
+    def __init__(self, config: RdrConfig, *, rank: int, world_size: int, run_id: str,
+                 settings: Callable[[], dict[str, Any]], versions: dict[str, str]) -> None:
+        self.config = config
+        self.rank, self.world_size, self.run_id = rank, world_size, run_id
+        self.pid = os.getpid()
+        self._settings = settings
+        self._versions = versions
+        self.dir = rdr_dir(config.path, rank)
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.ring = RingWriter(os.path.join(self.dir, f"ring_{self.pid}.obsring"), dict(config.capacity),
+                               pid=self.pid, rank=rank, world_size=world_size,
+                               meta={"run_id": run_id, "host": socket.gethostname(), "granularity":
+                                     config.granularity, "argv": sys.argv[:8], "versions": versions})
+        self.fatal_path = os.path.join(self.dir, f"fatal_{self.pid}.txt")
+        self.step = 0
+        self.dumps: list[str] = []
+        self.graphs: deque[tuple[str, str]] = deque(maxlen=_GRAPHS_KEPT)
+        self.last_progress = time.monotonic()
+        self._dump_lock = threading.Lock()
+        self._subs: list[Subscription] = []
+        self._sig_cache: dict[Any, int] = {}
+        self._subscribe()
+        self.mark("running")
+
+    # -- subscriptions ------------------------------------------------------------------------
+    def _subscribe(self) -> None:
+        level = GRANULARITIES.index(self.config.granularity)
+        add = self._subs.append
+        add(bus.subscribe(Event.PRINT, self._on_print))
+        add(bus.subscribe(Event.FAULT, self._on_fault))
+        add(bus.subscribe(Event.SETTINGS_CHANGED, self._on_settings))
+        add(bus.subscribe(Event.GRAPH_COMPILED, self._on_graph))
+        if level >= 1:
+            step = self.ring.appender("step")
+            memory = self.ring.appender("memory")
+            collective = self.ring.appender("collective")
+            intern = self.ring.intern
+
+            def on_step_begin(number: int) -> None:
+                self.step = number
+                self.last_progress = time.monotonic()
+                step(Kind.STEP_BEGIN, 0, 0, number, 0, 0)
+
+            def on_step_end(number: int, duration_ns: int) -> None:
+                self.last_progress = time.monotonic()
+                step(Kind.STEP_END, 0, 0, number, duration_ns, 0)
+
+            def on_memory(number: int, stats: dict[str, Any]) -> None:
+                used = stats.get("allocated_bytes.all.current", stats.get("rss_bytes", 0))
+                other = stats.get("reserved_bytes.all.current", stats.get("vms_bytes", 0))
+                memory(Kind.MEMORY, 0, intern(str(stats.get("device", "?"))), number, int(used), int(other))
+
+            def on_collective(record: dict[str, Any]) -> None:
+                self.last_progress = time.monotonic()
+                desc = intern(f"{record.get('op')} group={record.get('group')} dtype={record.get('dtype')} "
+                              f"sizes={record.get('sizes')}")
+                state = ("scheduled", "started", "completed").index(record.get("state", "completed"))
+                collective(Kind.COLLECTIVE, 0, desc, int(record.get("seq", 0)),
+                           int(record.get("duration_ns", 0)), state)
+
+            add(bus.subscribe(Event.STEP_BEGIN, on_step_begin))
+            add(bus.subscribe(Event.STEP_END, on_step_end))
+            add(bus.subscribe(Event.MEMORY, on_memory))
+            add(bus.subscribe(Event.COLLECTIVE, on_collective))
+        if level >= 2:
+            self._subscribe_modules()
+        if level >= 3:
+            self._subscribe_ops()
+
+    def _subscribe_modules(self) -> None:
+        append = self.ring.appender("module")
+        ids = self.ring._strings
+        intern = self.ring.intern
+        enter_kind, exit_kind = int(Kind.MODULE_ENTER), int(Kind.MODULE_EXIT)
+        me = self
+
+        def on_enter(scope: str, module: Any) -> None:
+            sid = ids.get(scope)
+            append(enter_kind, 0, intern(scope) if sid is None else sid, me.step, 0, 0)
+
+        def on_exit(scope: str, module: Any, error: Any) -> None:
+            sid = ids.get(scope)
+            append(exit_kind, 0 if error is None else 1, intern(scope) if sid is None else sid, me.step, 0, 0)
+
+        self._subs.append(bus.subscribe(Event.MODULE_ENTER, on_enter))
+        self._subs.append(bus.subscribe(Event.MODULE_EXIT, on_exit))
+
+    def _subscribe_ops(self) -> None:
+        import torch
+
+        from obs._core.internal import SUPPRESSION
+
+        append = self.ring.appender("op")
+        ids = self.ring._strings
+        intern = self.ring.intern
+        cache = self._sig_cache
+        tensor_type = torch.Tensor
+        kind = int(Kind.OP)
+        me = self
+
+        def signature(args: Any) -> int:
+            key = tuple((a.shape, a.dtype, a.device) if isinstance(a, tensor_type) else type(a) for a in args)
+            sid = cache.get(key)
+            if sid is None:
+                sid = cache[key] = intern(_describe(key))
+            return sid
+
+        def on_op(name: str, args: Any, kwargs: Any, duration_ns: int, error: Any) -> None:
+            stack = SUPPRESSION.stack
+            scope = stack[-1] if stack else ""
+            nid, sid = ids.get(name), ids.get(scope)
+            append(kind, 0 if error is None else 1, intern(name) if nid is None else nid,
+                   intern(scope) if sid is None else sid, duration_ns, signature(args))
+            me.last_progress = time.monotonic()
+
+        self._subs.append(bus.subscribe(Event.OP, on_op))
+
+    # -- low-rate events (blobs) --------------------------------------------------------------
+    def _on_print(self, values: Any, meta: Any) -> None:
+        shown = [v if isinstance(v, str) else _tensor_summary(v) for v in values]
+        self.ring.blob(Kind.PRINT, {"values": shown, "step": meta.step, "source": meta.source})
+
+    def _on_settings(self, source: str, changes: Any) -> None:
+        self.ring.blob(Kind.SETTINGS, {"source": source, "changes": {k: list(v) for k, v in changes.items()}})
+
+    def _on_graph(self, name: str, graph_module: Any, example_inputs: Any) -> None:
+        text = graph_module.print_readable(print_output=False) if hasattr(graph_module, "print_readable") \
+            else str(graph_module)
+        self.graphs.append((name, text))
+        self.ring.blob(Kind.GRAPH, {"name": name, "nodes": len(getattr(getattr(graph_module, "graph", None),
+                                                                         "nodes", ()))})
+
+    def _on_fault(self, kind: str, detail: Any, error: Any) -> None:
+        record = {"fault": kind, "detail": str(detail)}
+        if isinstance(error, BaseException):
+            record.update(error=f"{type(error).__name__}: {error}")
+        self.ring.blob(Kind.FAULT, record)
+        if kind in ("module_error", "op_error") and isinstance(error, BaseException):
+            self.dump(kind, error=error, fault={"kind": kind, "where": str(detail)})
+
+    def marker(self, name: str, **payload: Any) -> None:
+        """Record a low-rate marker (signals, hangs) in the ring."""
+        self.ring.blob(Kind.MARKER, {"marker": name, **payload})
+
+    # -- dumps --------------------------------------------------------------------------------
+    def dump(self, reason: str, *, error: BaseException | None = None, fault: dict[str, Any] | None = None,
+             stacks: str | None = None) -> str | None:
+        """Write a bundle now; returns its path (None if the exception was already dumped)."""
+        if error is not None:
+            if getattr(error, "_obs_rdr_dumped", False):
+                return None
+            try:
+                error._obs_rdr_dumped = True  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
+        with self._dump_lock:
+            contents = read_ring(self.ring.buffer())
+            return self._write(reason, contents, error=error, fault=fault, stacks=stacks)
+
+    def _write(self, reason: str, contents: RingContents, *, error: BaseException | None,
+               fault: dict[str, Any] | None, stacks: str | None) -> str:
+        manifest, files = bundle_parts(contents, reason, error=error, fault=fault, fatal_stacks=stacks,
+                                       threads=all_stacks(), graphs=list(self.graphs),
+                                       settings=self._safe_settings())
+        path = write_bundle(self.dir, bundle_name(reason, contents.header.pid), manifest, files)
+        self.dumps.append(path)
+        self.mark("dumped", last_reason=reason, last_bundle=os.path.basename(path))
+        return path
+
+    def _safe_settings(self) -> dict[str, Any]:
+        try:
+            return self._settings()
+        except Exception as exc:  # a settings bug must not cost the dump
+            report_internal_error("rdr settings snapshot", exc)
+            return {}
+
+    def mark(self, state: str, **extra: Any) -> None:
+        """The per-rank marker: whether and why this rank dumped."""
+        data = {"state": state, "pid": self.pid, "rank": self.rank, "run_id": self.run_id,
+                "dumps": [os.path.basename(p) for p in self.dumps], "updated_ns": time.time_ns(), **extra}
+        write_json_atomic(os.path.join(self.dir, "marker.json"), data)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def close(self, *, clean_exit: bool = True, state: str = "exited") -> None:
+        """Unsubscribe; a clean close removes the ring (nothing to recover) and marks the rank ``state``."""
+        if self.ring._mm is None:
+            return
+        for sub in self._subs:
+            sub.remove()
+        self._subs = []
+        self.ring.close(remove=clean_exit)
+        if clean_exit:
+            try:
+                if os.path.getsize(self.fatal_path) == 0:
+                    os.unlink(self.fatal_path)
+            except OSError:
+                pass
+            self.mark(state, dumped=bool(self.dumps))
+
+
+def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | None = None,
+                 fault: dict[str, Any] | None = None, fatal_stacks: str | None = None,
+                 threads: list[dict[str, Any]] | None = None, graphs: list[tuple[str, str]] | None = None,
+                 settings: dict[str, Any] | None = None, recovered: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest and files of a bundle from a ring's contents and what the live process adds."""
+    summary = contents.summary()
+    lines = list(contents.event_lines())
+    files: dict[str, Any] = {
+        "events.jsonl": lines,
+        "memory.jsonl": [line for line in lines if '"kind":"memory"' in line],
+        "collectives.jsonl": [line for line in lines if '"kind":"collective"' in line],
+    }
+    if threads:
+        files["stacks.json"] = _json(threads)
+        files["stacks.txt"] = stacks_text(threads)
+    if fatal_stacks:
+        files["fatal_stacks.txt"] = fatal_stacks
+    exc = exception_record(error) if error is not None else None
+    if exc is not None:
+        files["exception.json"] = _json(exc)
+        files["exception.txt"] = exc["traceback"]
+    for i, (name, text) in enumerate(graphs or ()):
+        files[f"graphs/{i:02d}_{safe_name(name)}.ir"] = text
+    meta = contents.header.meta
+    manifest = {
+        "schema_version": SCHEMA_VERSION, "reason": reason, "created_ns": time.time_ns(),
+        "host": meta.get("host", socket.gethostname()), "pid": contents.header.pid, "rank": contents.header.rank,
+        "world_size": contents.header.world_size, "run_id": meta.get("run_id"), "step": summary["step"],
+        "granularity": meta.get("granularity"), "versions": meta.get("versions", {}), "settings": settings or {},
+        "dropped": contents.dropped, "recorded": {"events": int(len(contents.slots)) + len(contents.blobs)},
+        "last_module": summary["last_module"], "open_modules": summary["open_modules"],
+        "last_op": summary["last_op"], "fault": fault, "recovered": recovered,
+        "exception": {k: exc[k] for k in ("type", "message", "where")} if exc else None,
+    }
+    return manifest, files
+
+
+def _json(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=2, default=str)
+
+
+def _describe(key: tuple[Any, ...]) -> str:
+    parts = []
+    for item in key:
+        if isinstance(item, tuple):
+            shape, dtype, device = item
+            parts.append(f"{str(dtype).removeprefix('torch.')}{list(shape)}@{device}")
+        else:
+            parts.append(item.__name__)
+    return " ".join(parts)
+
+
+def _tensor_summary(item: Any) -> str:
+    data = getattr(item, "data", None)
+    dims = list(getattr(item, "dims", ()))
+    if data is not None and data.size <= 8 and item.dtype != "BFloat16":
+        return f"{item.dtype}{dims} {np.array2string(data, separator=', ')}"
+    return f"{item.dtype}{dims}"
+

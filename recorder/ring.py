@@ -1,0 +1,147 @@
+"""The writer of a ring file: O(1) appends into a shared memory map, no syscall, no lock.
+
+Per kind, the slot fields mean:
+
+==============  =========  ========  ===========  =============
+kind            a          b         c            d
+==============  =========  ========  ===========  =============
+STEP_BEGIN      -          step      -            -
+STEP_END        -          step      duration_ns  -
+MODULE_ENTER    scope id   step      -            -
+MODULE_EXIT     scope id   step      -            -
+OP              name id    scope id  duration_ns  inputs id (shapes, dtypes, device)
+MEMORY          device id  step      bytes used   bytes reserved (CUDA) / virtual (CPU)
+COLLECTIVE      desc id    seq       duration_ns  state (0 scheduled, 1 started, 2 completed)
+==============  =========  ========  ===========  =============
+
+``flags`` bit 0 marks a module or op that raised.
+
+Strings (scopes, op names, signatures) are interned once into the file's string table, so the
+reader can name everything after the writer is gone.  Threads append concurrently: ``next()``
+on an ``itertools.count`` is atomic under the GIL and each append owns its slot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import mmap
+import os
+import struct
+import threading
+import time
+from typing import Any
+
+from recorder.layout import BLOB, BLOB_SIZE, SLOT, STRINGS_USED_AT, Header, Kind, plan
+
+__all__ = ["RingWriter"]
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_FLAG_ERROR = 1
+
+
+class RingWriter:
+    """Creates ``path`` (0600, never through a symlink, never over an existing file) and maps it."""
+
+    def __init__(self, path: str, capacity: dict[str, int], *, pid: int, rank: int, world_size: int,
+                 meta: dict[str, Any]) -> None:
+        strings, blobs, rings, size = plan(capacity)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.path = path
+        self.header = Header(pid, rank, world_size, time.time_ns(), time.perf_counter_ns(), strings, 0, blobs,
+                             rings, meta)
+        encoded = self.header.encode()
+        self._mm[:len(encoded)] = encoded
+        self._strings: dict[str, int] = {}
+        self._strings_at = strings.offset
+        self._strings_end = strings.offset + strings.capacity
+        self._strings_lock = threading.Lock()
+        self.seq = itertools.count(1)
+        self._blob_idx = itertools.count(0)
+        self._blobs = blobs
+        self._counters = {r.name: itertools.count(0) for r in rings}
+        self.rings = {r.name: r for r in rings}
+        self.intern("")  # id 0: no scope / unknown
+
+    # -- strings ----------------------------------------------------------------------------
+    def intern(self, text: str) -> int:
+        """The id of ``text`` in the string table (appended on first use; -1 when the table is full)."""
+        sid = self._strings.get(text)
+        if sid is not None:
+            return sid
+        with self._strings_lock:
+            sid = self._strings.get(text)
+            if sid is not None:
+                return sid
+            data = text.encode("utf-8", "surrogatepass")
+            at = self._strings_at
+            if at + 4 + len(data) > self._strings_end:
+                return -1
+            _U32.pack_into(self._mm, at, len(data))
+            self._mm[at + 4:at + 4 + len(data)] = data
+            self._strings_at = at + 4 + len(data)
+            # Published after the bytes: a crash in between leaves the entry invisible, never torn.
+            _U64.pack_into(self._mm, STRINGS_USED_AT, self._strings_at - self.header.strings.offset)
+            sid = len(self._strings)
+            self._strings[text] = sid
+            return sid
+
+    # -- slots ------------------------------------------------------------------------------
+    def appender(self, ring: str):  # noqa: ANN201 - returns a specialised closure
+        """A fast ``append(kind, flags, a, b, c, d)`` bound to one ring (hot paths keep it in a local)."""
+        region = self.rings[ring]
+        base, cap, counter, seq = region.offset, region.capacity, self._counters[ring], self.seq
+        pack, mm, clock = SLOT.pack_into, self._mm, time.perf_counter_ns
+        size = SLOT.size
+
+        def append(kind: int, flags: int, a: int, b: int, c: int, d: int) -> None:
+            idx = next(counter)
+            pack(mm, base + (idx % cap) * size, next(seq), idx + 1, clock(), kind, flags, a, b, c, d)
+
+        return append
+
+    # -- blobs ------------------------------------------------------------------------------
+    def blob(self, kind: Kind, payload: dict[str, Any]) -> None:
+        """Append a small JSON record (prints, faults, settings, markers); long text is cut to fit."""
+        data = _fit(payload, BLOB_SIZE - BLOB.size)
+        idx = next(self._blob_idx)
+        at = self._blobs.offset + (idx % self._blobs.capacity) * BLOB_SIZE
+        mm = self._mm
+        BLOB.pack_into(mm, at, 0, time.perf_counter_ns(), int(kind), len(data), idx + 1)
+        mm[at + BLOB.size:at + BLOB.size + len(data)] = data
+        _U64.pack_into(mm, at, next(self.seq))  # seq last: a half-written blob reads as empty
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def buffer(self) -> mmap.mmap:
+        """The live map (read it with :func:`recorder.ring_reader.read_ring`)."""
+        return self._mm
+
+    def close(self, *, remove: bool) -> None:
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            mm.close()
+        if remove:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def _fit(payload: dict[str, Any], room: int) -> bytes:
+    """JSON of ``payload`` in at most ``room`` bytes: the longest strings are shortened first."""
+    payload = dict(payload)
+    for _ in range(16):
+        data = json.dumps(payload, separators=(",", ":"), default=str).encode()
+        if len(data) <= room:
+            return data
+        key = max(payload, key=lambda k: len(str(payload[k])))
+        text = str(payload[key])
+        payload[key] = text[:max(0, len(text) - (len(data) - room) - 16)] + "…[cut]"
+        payload["truncated"] = True
+    return b'{"truncated":true}'
