@@ -71,10 +71,8 @@ class Recorder:
         self.step = 0
         self.dumps: list[str] = []
         self.graphs: deque[tuple[str, str]] = deque(maxlen=_GRAPHS_KEPT)
-        self.last_progress = time.monotonic()
         self._dump_lock = threading.Lock()
         self._subs: list[Subscription] = []
-        self._sig_cache: dict[Any, int] = {}
         self._subscribe()
         self.mark("running")
 
@@ -94,11 +92,9 @@ class Recorder:
 
             def on_step_begin(number: int) -> None:
                 self.step = number
-                self.last_progress = time.monotonic()
                 step(Kind.STEP_BEGIN, 0, 0, number, 0, 0)
 
             def on_step_end(number: int, duration_ns: int) -> None:
-                self.last_progress = time.monotonic()
                 step(Kind.STEP_END, 0, 0, number, duration_ns, 0)
 
             def on_memory(number: int, stats: dict[str, Any]) -> None:
@@ -107,7 +103,6 @@ class Recorder:
                 memory(Kind.MEMORY, 0, intern(str(stats.get("device", "?"))), number, int(used), int(other))
 
             def on_collective(record: dict[str, Any]) -> None:
-                self.last_progress = time.monotonic()
                 desc = intern(f"{record.get('op')} group={record.get('group')} dtype={record.get('dtype')} "
                               f"sizes={record.get('sizes')}")
                 state = ("scheduled", "started", "completed").index(record.get("state", "completed"))
@@ -149,10 +144,9 @@ class Recorder:
         append = self.ring.appender("op")
         ids = self.ring._strings
         intern = self.ring.intern
-        cache = self._sig_cache
+        cache: dict[Any, int] = {}
         tensor_type = torch.Tensor
         kind = int(Kind.OP)
-        me = self
 
         def signature(args: Any) -> int:
             key = tuple((a.shape, a.dtype, a.device) if isinstance(a, tensor_type) else type(a) for a in args)
@@ -161,13 +155,16 @@ class Recorder:
                 sid = cache[key] = intern(_describe(key))
             return sid
 
+        names: dict[str, int] = {}
+
         def on_op(name: str, args: Any, kwargs: Any, duration_ns: int, error: Any) -> None:
             stack = SUPPRESSION.stack
             scope = stack[-1] if stack else ""
-            nid, sid = ids.get(name), ids.get(scope)
-            append(kind, 0 if error is None else 1, intern(name) if nid is None else nid,
-                   intern(scope) if sid is None else sid, duration_ns, signature(args))
-            me.last_progress = time.monotonic()
+            nid, sid = names.get(name), ids.get(scope)
+            if nid is None:
+                nid = names[name] = intern(name.removesuffix(".default"))
+            append(kind, 0 if error is None else 1, nid, intern(scope) if sid is None else sid, duration_ns,
+                   signature(args))
 
         self._subs.append(bus.subscribe(Event.OP, on_op))
 
@@ -191,7 +188,7 @@ class Recorder:
         if isinstance(error, BaseException):
             record.update(error=f"{type(error).__name__}: {error}")
         self.ring.blob(Kind.FAULT, record)
-        if kind in ("module_error", "op_error") and isinstance(error, BaseException):
+        if kind in ("module_error", "op_error") and isinstance(error, Exception):  # not KeyboardInterrupt
             self.dump(kind, error=error, fault={"kind": kind, "where": str(detail)})
 
     def marker(self, name: str, **payload: Any) -> None:

@@ -38,7 +38,7 @@ class RingContents:
         return self.strings[sid] if 0 <= sid < len(self.strings) else "?"
 
     def summary(self) -> dict[str, Any]:
-        """Step reached, last module and op (with scopes), modules still open at the end."""
+        """Step reached, last module entered, last op (with scope), modules still open at the end."""
         s = self.strings
         out: dict[str, Any] = {"step": 0, "last_module": None, "last_op": None, "open_modules": []}
         kinds = self.slots["kind"]
@@ -53,8 +53,9 @@ class RingContents:
                 stack.append(scope)
             elif scope in stack:
                 del stack[len(stack) - 1 - stack[::-1].index(scope):]
-        if len(modules):
-            out["last_module"] = self.string(int(modules["a"][-1]))
+        entered = modules[modules["kind"] == Kind.MODULE_ENTER]
+        if len(entered):
+            out["last_module"] = self.string(int(entered["a"][-1]))
         out["open_modules"] = stack
         ops = self.slots[kinds == Kind.OP]
         if len(ops):

@@ -145,6 +145,7 @@ class Triggers:
                                                             f"{self.op_timeout} s) in step {self.recorder.step}"})
             if self.hang_action == "abort":
                 os.abort()
+            last = progress(self.recorder)  # our own marker is not progress
 
     def _at_exit(self) -> None:
         if self.mode == 2 and not self.abnormal:
