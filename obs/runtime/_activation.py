@@ -10,7 +10,7 @@ from obs._core.events import Event, bus
 __all__ = ["TORCH_EVENTS", "install"]
 
 TORCH_EVENTS = frozenset({Event.STEP_BEGIN, Event.STEP_END, Event.MODULE_ENTER, Event.MODULE_EXIT, Event.OP,
-                          Event.MEMORY})
+                          Event.MEMORY, Event.COLLECTIVE})
 
 
 def _on_change(event: Event) -> None:

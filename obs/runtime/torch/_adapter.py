@@ -4,6 +4,7 @@
   returns; explicit ``obs.step()`` takes precedence).
 - MODULE_ENTER / MODULE_EXIT → a wrapper of ``nn.Module.__call__`` with scope names.
 - OP → a dispatch mode on the subscribing thread.
+- COLLECTIVE → wrappers of the torch.distributed collectives.
 No subscriber, no hook: the bus tells the adapter whenever subscriptions change.
 """
 
@@ -51,6 +52,7 @@ class TorchAdapter:
         self._optim: list[Any] = []
         self._modules: ModuleHooks | None = None
         self._ops: OpInterceptor | None = None
+        self._collectives: Any = None
         tracker.memory_probe = memory_stats
         self._unwatch = bus.watch(self._on_change)
         self.sync()
@@ -58,7 +60,8 @@ class TorchAdapter:
     @property
     def installed(self) -> dict[str, bool]:
         """Which hook families are in place (for tests and ``obs demo``)."""
-        return {"steps": bool(self._optim), "modules": self._modules is not None, "ops": self._ops is not None}
+        return {"steps": bool(self._optim), "modules": self._modules is not None, "ops": self._ops is not None,
+                "collectives": self._collectives is not None}
 
     def _on_change(self, event: Event) -> None:
         if event is not Event.SETTINGS_CHANGED:
@@ -95,6 +98,15 @@ class TorchAdapter:
                 self._ops.remove()
                 self._ops = None
 
+            want_collectives = bus.has_subscribers(Event.COLLECTIVE) and torch.distributed.is_available()
+            if want_collectives and self._collectives is None:
+                from obs.runtime.torch._collectives import CollectiveHooks
+
+                self._collectives = CollectiveHooks()
+            elif not want_collectives and self._collectives is not None:
+                self._collectives.remove()
+                self._collectives = None
+
     def close(self) -> None:
         """Remove every hook and stop following the bus."""
         self._unwatch()
@@ -109,6 +121,9 @@ class TorchAdapter:
             if self._ops is not None:
                 self._ops.remove()
                 self._ops = None
+            if self._collectives is not None:
+                self._collectives.remove()
+                self._collectives = None
 
 
 adapter = TorchAdapter()

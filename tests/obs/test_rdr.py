@@ -1,0 +1,173 @@
+"""The recorder wired to the settings, in process: start/stop, manual dumps, bundle content, config errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import obs
+from obs.settings._env_feature import feature as env_feature
+from recorder.bundle_reader import list_bundles, load_bundle
+
+
+def enable(tmp_path, **rdr):
+    path = tmp_path / "obs.json"
+    path.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "out"), **rdr}}))
+    obs.set_context(env_config_path=str(path))
+    return path
+
+
+def rank_dir(tmp_path):
+    return tmp_path / "out" / "rank_0" / "rdr"
+
+
+def train(steps=3):
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(steps):
+        net(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return net
+
+
+def test_dump_when_off_says_how_to_turn_it_on():
+    assert obs.rdr.recorder() is None
+    with pytest.raises(obs.ObsError, match="MS_RDR_ENABLE=1"):
+        obs.rdr.dump("manual")
+
+
+def test_start_and_clean_stop(tmp_path):
+    enable(tmp_path)
+    live = obs.rdr.recorder()
+    ring = rank_dir(tmp_path) / f"ring_{os.getpid()}.obsring"
+    assert live is not None and ring.exists() and stat.S_IMODE(ring.stat().st_mode) == 0o600
+    assert stat.S_IMODE(rank_dir(tmp_path).stat().st_mode) == 0o700
+    assert json.loads((rank_dir(tmp_path) / "marker.json").read_text())["state"] == "running"
+    obs.reset_context()
+    assert obs.rdr.recorder() is None and not ring.exists()
+    assert json.loads((rank_dir(tmp_path) / "marker.json").read_text())["state"] == "exited"
+
+
+def test_manual_dump_holds_a_complete_private_bundle(tmp_path):
+    enable(tmp_path)
+    train()
+    obs.Print("note", torch.tensor([1.0, 2.0]))
+    path = obs.rdr.dump("checkpoint")
+    assert os.path.basename(path).endswith(f"_{os.getpid()}_checkpoint")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+    assert all(stat.S_IMODE(os.stat(os.path.join(path, f)).st_mode) == 0o600 for f in os.listdir(path))
+    b = load_bundle(path)
+    m = b.manifest
+    assert m["schema_version"] == 1 and m["reason"] == "checkpoint" and m["pid"] == os.getpid()
+    assert (m["rank"], m["world_size"], m["step"]) == (0, 1, 3) and m["host"] and m["run_id"]
+    assert m["versions"]["torch"] == torch.__version__ and m["versions"]["obs"] == obs.__version__
+    assert m["settings"]["env_config"]["rdr"]["enable"] is True and set(m["dropped"]) >= {"module", "op", "blob"}
+    kinds = [e["kind"] for e in b.iter_events()]
+    assert kinds.count("step_end") == 3 and "memory" in kinds and "settings" in kinds
+    assert kinds.count("module_enter") == kinds.count("module_exit") == 3 * 4
+    assert b.events({"print"})[0]["values"] == ["note", "Float32[2] [1., 2.]"]
+    assert b.events({"memory"})[0]["used_bytes"] > 0 and b.stacks[0]["main"]
+
+
+def test_hostile_reasons_stay_inside_the_rdr_folder(tmp_path):
+    enable(tmp_path)
+    path = obs.rdr.dump("../../etc/passwd\x00;rm -rf")
+    assert os.path.dirname(path) == str(rank_dir(tmp_path)) and "/" not in os.path.basename(path)
+
+
+def test_small_capacity_wraps_and_counts_what_was_overwritten(tmp_path):
+    enable(tmp_path, capacity={"module": 16})
+    train(steps=5)
+    b = load_bundle(obs.rdr.dump("manual"))
+    assert b.manifest["dropped"]["module"] == 5 * 8 - 16
+    assert len(b.events({"module_enter", "module_exit"})) == 16
+
+
+def test_graphs_compiled_through_obs_compile_are_in_the_bundle(tmp_path):
+    enable(tmp_path)
+    obs.set_context(mode=obs.GRAPH_MODE)
+    fn = obs.compile(lambda x: torch.sin(x) * 2, backend="eager")
+    fn(torch.ones(3))
+    b = load_bundle(obs.rdr.dump("manual"))
+    assert len(b.graphs) == 1 and b.graphs[0].endswith(".ir")
+    assert "sin" in Path(b.graphs[0]).read_text()
+    assert [e["kind"] for e in b.events({"graph"})] == ["graph"]
+
+
+def test_collectives_land_in_collectives_jsonl(tmp_path):
+    import torch.distributed as dist
+
+    enable(tmp_path, granularity="step")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        dist.all_reduce(torch.ones(5))
+        path = obs.rdr.dump("manual")
+    finally:
+        dist.destroy_process_group()
+    lines = [json.loads(x) for x in Path(path, "collectives.jsonl").read_text().splitlines()]
+    assert [(x["group_seq"], x["state"]) for x in lines] == [(1, "started"), (1, "completed")]
+    assert "all_reduce" in lines[0]["desc"] and "[[5]]" in lines[0]["desc"]
+
+
+def test_granularity_step_records_no_modules(tmp_path):
+    enable(tmp_path, granularity="step")
+    train()
+    kinds = {e["kind"] for e in load_bundle(obs.rdr.dump("manual")).iter_events()}
+    assert "step_end" in kinds and not kinds & {"module_enter", "op"}
+
+
+def test_hot_reload_turns_the_recorder_on_and_off(tmp_path):
+    path = tmp_path / "obs.json"
+    path.write_text(json.dumps({"rdr": {"enable": False, "path": str(tmp_path / "out")}}))
+    env_feature.debounce_s = 0.05
+    try:
+        obs.set_context(env_config_path=str(path))
+        assert obs.rdr.recorder() is None
+        watcher = env_feature.watcher
+        path.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "out")}}))
+        assert watcher.wait_callbacks(1, 10)
+        assert obs.rdr.recorder() is not None
+        path.write_text(json.dumps({"rdr": {"enable": False, "path": str(tmp_path / "out")}}))
+        assert watcher.wait_callbacks(2, 10)
+        assert obs.rdr.recorder() is None
+    finally:
+        env_feature.debounce_s = 0.2
+
+
+@pytest.mark.parametrize("rdr,fragment", [
+    ({"path": "relative/dir"}, "'rdr.path' must be an absolute path"),
+    ({"granularity": "ops"}, "'rdr.granularity' must be one of .* did you mean 'op'"),
+    ({"capacity": {"modules": 10}}, "has no key 'modules'.*did you mean 'module'"),
+    ({"capacity": {"op": 1}}, r"'rdr.capacity.op' must be an int in \[16, 16777216\] \(got 1\)"),
+    ({"hang_action": "kill"}, r"'rdr.hang_action' must be one of \['dump', 'abort'\]"),
+])
+def test_bad_rdr_configs_name_file_key_and_value(tmp_path, rdr, fragment):
+    path = tmp_path / "obs.json"
+    path.write_text(json.dumps({"rdr": {"enable": True, **rdr}}))
+    with pytest.raises(ValueError, match=f"{path}.*{fragment}"):
+        obs.set_context(env_config_path=str(path))
+    assert obs.rdr.recorder() is None
+
+
+def test_environment_variables_alone_turn_it_on(tmp_path):
+    code = "import obs; r = obs.rdr.recorder(); print(r is not None and r.dir)"
+    env = {**os.environ, "MS_RDR_ENABLE": "1", "MS_RDR_PATH": str(tmp_path), "MS_RDR_MODE": "2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == str(tmp_path / "rank_0" / "rdr")
+    assert [b.reason for b in list_bundles(str(tmp_path)).bundles] == ["normal_end"]
+
+
+def test_bad_environment_variable_warns_instead_of_breaking_import():
+    code = "import obs; print(obs.rdr.recorder())"
+    env = {**os.environ, "MS_RDR_ENABLE": "yes"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "None"
+    assert "MS_RDR_ENABLE must be 1 or 0" in out.stderr
