@@ -78,11 +78,11 @@ class RingContents:
             wall = header.wall(t)
             if kind == Kind.MODULE_ENTER or kind == Kind.MODULE_EXIT:
                 err = ',"error":true' if flags & 1 else ""
-                yield (f'{{"seq":{seq},"t":{wall},"kind":"{_NAMES[kind]}","scope":{esc[a] if a < n else "null"},'
+                yield (f'{{"seq":{seq},"t":{wall},"kind":"{_NAMES[kind]}","scope":{esc[a] if 0 <= a < n else "null"},'
                        f'"step":{b}{err}}}')
             elif kind == Kind.OP:
                 err = ',"error":true' if flags & 1 else ""
-                yield (f'{{"seq":{seq},"t":{wall},"kind":"op","name":{esc[a] if a < n else "null"},'
+                yield (f'{{"seq":{seq},"t":{wall},"kind":"op","name":{esc[a] if 0 <= a < n else "null"},'
                        f'"scope":{esc[b] if 0 <= b < n else "null"},"duration_ns":{c},'
                        f'"inputs":{esc[d] if 0 <= d < n else "null"}{err}}}')
             elif kind == Kind.STEP_BEGIN:
@@ -90,11 +90,11 @@ class RingContents:
             elif kind == Kind.STEP_END:
                 yield f'{{"seq":{seq},"t":{wall},"kind":"step_end","step":{b},"duration_ns":{c}}}'
             elif kind == Kind.MEMORY:
-                yield (f'{{"seq":{seq},"t":{wall},"kind":"memory","device":{esc[a] if a < n else "null"},'
+                yield (f'{{"seq":{seq},"t":{wall},"kind":"memory","device":{esc[a] if 0 <= a < n else "null"},'
                        f'"step":{b},"used_bytes":{c},"other_bytes":{d}}}')
             elif kind == Kind.COLLECTIVE:
                 state = _STATES[d] if 0 <= d < 3 else str(d)
-                yield (f'{{"seq":{seq},"t":{wall},"kind":"collective","desc":{esc[a] if a < n else "null"},'
+                yield (f'{{"seq":{seq},"t":{wall},"kind":"collective","desc":{esc[a] if 0 <= a < n else "null"},'
                        f'"group_seq":{b},"duration_ns":{c},"state":"{state}"}}')
         while blob is not None:
             yield _blob_line(blob, header)
