@@ -41,8 +41,9 @@ def _write(path: str, payload: Payload) -> None:
         elif isinstance(payload, str):
             fh.write(payload.encode())
         else:
-            for line in payload:
-                fh.write(line.encode())
+            lines = list(payload)
+            if lines:
+                fh.write("\n".join(lines).encode())
                 fh.write(b"\n")
 
 

@@ -118,20 +118,28 @@ class Recorder:
         if level >= 3:
             self._subscribe_ops()
 
+    # The two hot paths below write their slot inline (one Python call per event): every
+    # attribute lookup and call here is paid per module call or per aten op.
     def _subscribe_modules(self) -> None:
-        append = self.ring.appender("module")
-        ids = self.ring._strings
-        intern = self.ring.intern
+        pack, mm, base, cap, size, counter, seq, clock = self.ring.slots("module")
+        ids, intern = self.ring._strings, self.ring.intern
         enter_kind, exit_kind = int(Kind.MODULE_ENTER), int(Kind.MODULE_EXIT)
         me = self
 
         def on_enter(scope: str, module: Any) -> None:
             sid = ids.get(scope)
-            append(enter_kind, 0, intern(scope) if sid is None else sid, me.step, 0, 0)
+            if sid is None:
+                sid = intern(scope)
+            idx = next(counter)
+            pack(mm, base + (idx % cap) * size, next(seq), idx + 1, clock(), enter_kind, 0, sid, me.step, 0, 0)
 
         def on_exit(scope: str, module: Any, error: Any) -> None:
             sid = ids.get(scope)
-            append(exit_kind, 0 if error is None else 1, intern(scope) if sid is None else sid, me.step, 0, 0)
+            if sid is None:
+                sid = intern(scope)
+            idx = next(counter)
+            pack(mm, base + (idx % cap) * size, next(seq), idx + 1, clock(), exit_kind, error is not None, sid,
+                 me.step, 0, 0)
 
         self._subs.append(bus.subscribe(Event.MODULE_ENTER, on_enter))
         self._subs.append(bus.subscribe(Event.MODULE_EXIT, on_exit))
@@ -141,30 +149,32 @@ class Recorder:
 
         from obs._core.internal import SUPPRESSION
 
-        append = self.ring.appender("op")
-        ids = self.ring._strings
-        intern = self.ring.intern
-        cache: dict[Any, int] = {}
+        pack, mm, base, cap, size, counter, seq, clock = self.ring.slots("op")
+        ids, intern = self.ring._strings, self.ring.intern
+        signatures: dict[tuple[Any, ...], tuple[int, int]] = {}
         tensor_type = torch.Tensor
         kind = int(Kind.OP)
 
-        def signature(args: Any) -> int:
-            key = tuple((a.shape, a.dtype, a.device) if isinstance(a, tensor_type) else type(a) for a in args)
-            sid = cache.get(key)
-            if sid is None:
-                sid = cache[key] = intern(_describe(key))
-            return sid
-
-        names: dict[str, int] = {}
-
         def on_op(name: str, args: Any, kwargs: Any, duration_ns: int, error: Any) -> None:
+            key: list[Any] = [name]
+            for arg in args:
+                if isinstance(arg, tensor_type):
+                    key.append(arg.shape)
+                    key.append(arg.dtype)
+                else:
+                    key.append(arg.__class__)
+            key_t = tuple(key)
+            ids_pair = signatures.get(key_t)
+            if ids_pair is None:
+                ids_pair = signatures[key_t] = (intern(name.removesuffix(".default")), intern(_describe(args)))
             stack = SUPPRESSION.stack
             scope = stack[-1] if stack else ""
-            nid, sid = names.get(name), ids.get(scope)
-            if nid is None:
-                nid = names[name] = intern(name.removesuffix(".default"))
-            append(kind, 0 if error is None else 1, nid, intern(scope) if sid is None else sid, duration_ns,
-                   signature(args))
+            sid = ids.get(scope)
+            if sid is None:
+                sid = intern(scope)
+            idx = next(counter)
+            pack(mm, base + (idx % cap) * size, next(seq), idx + 1, clock(), kind, error is not None, ids_pair[0],
+                 sid, duration_ns, ids_pair[1])
 
         self._subs.append(bus.subscribe(Event.OP, on_op))
 
@@ -257,11 +267,10 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
                  settings: dict[str, Any] | None = None, recovered: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """The manifest and files of a bundle from a ring's contents and what the live process adds."""
     summary = contents.summary()
-    lines = list(contents.event_lines())
     files: dict[str, Any] = {
-        "events.jsonl": lines,
-        "memory.jsonl": [line for line in lines if '"kind":"memory"' in line],
-        "collectives.jsonl": [line for line in lines if '"kind":"collective"' in line],
+        "events.jsonl": contents.event_lines(),
+        "memory.jsonl": contents.event_lines((Kind.MEMORY,)),
+        "collectives.jsonl": contents.event_lines((Kind.COLLECTIVE,)),
     }
     if threads:
         files["stacks.json"] = _json(threads)
@@ -294,14 +303,14 @@ def _json(data: Any) -> str:
     return json.dumps(data, indent=2, default=str)
 
 
-def _describe(key: tuple[Any, ...]) -> str:
+def _describe(args: Any) -> str:
+    """``float32[64, 784]@cpu float32[784, 256]@cpu int`` for an op's positional inputs (once per signature)."""
     parts = []
-    for item in key:
-        if isinstance(item, tuple):
-            shape, dtype, device = item
-            parts.append(f"{str(dtype).removeprefix('torch.')}{list(shape)}@{device}")
+    for arg in args:
+        if hasattr(arg, "shape") and hasattr(arg, "dtype") and hasattr(arg, "device"):
+            parts.append(f"{str(arg.dtype).removeprefix('torch.')}{list(arg.shape)}@{arg.device}")
         else:
-            parts.append(item.__name__)
+            parts.append(type(arg).__name__)
     return " ".join(parts)
 
 

@@ -30,15 +30,29 @@ import os
 import struct
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from recorder.layout import BLOB, BLOB_SIZE, SLOT, STRINGS_USED_AT, Header, Kind, plan
 
-__all__ = ["RingWriter"]
+__all__ = ["RingWriter", "SlotTarget"]
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _FLAG_ERROR = 1
+
+
+class SlotTarget(NamedTuple):
+    """Slot ``idx`` of a ring lives at ``base + (idx % capacity) * size`` of ``mm``; write it with ``pack``."""
+
+    pack: Any
+    mm: mmap.mmap
+    base: int
+    capacity: int
+    size: int
+    counter: Iterator[int]
+    seq: Iterator[int]
+    clock: Any
 
 
 class RingWriter:
@@ -93,12 +107,15 @@ class RingWriter:
             return sid
 
     # -- slots ------------------------------------------------------------------------------
+    def slots(self, ring: str) -> SlotTarget:
+        """What a hot path needs to write a slot of ``ring`` itself, inline (see :meth:`appender`)."""
+        region = self.rings[ring]
+        return SlotTarget(SLOT.pack_into, self._mm, region.offset, region.capacity, SLOT.size, self._counters[ring],
+                          self.seq, time.perf_counter_ns)
+
     def appender(self, ring: str):  # noqa: ANN201 - returns a specialised closure
         """A fast ``append(kind, flags, a, b, c, d)`` bound to one ring (hot paths keep it in a local)."""
-        region = self.rings[ring]
-        base, cap, counter, seq = region.offset, region.capacity, self._counters[ring], self.seq
-        pack, mm, clock = SLOT.pack_into, self._mm, time.perf_counter_ns
-        size = SLOT.size
+        pack, mm, base, cap, size, counter, seq, clock = self.slots(ring)
 
         def append(kind: int, flags: int, a: int, b: int, c: int, d: int) -> None:
             idx = next(counter)

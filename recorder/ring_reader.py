@@ -6,9 +6,9 @@ default rings stays well under the 250 ms budget; JSON lines are formatted per k
 
 from __future__ import annotations
 
+import bisect
 import json
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ SLOT_DTYPE = np.dtype([("seq", "<u8"), ("idx", "<u8"), ("t", "<i8"), ("kind", "<
                        ("a", "<i4"), ("b", "<i8"), ("c", "<i8"), ("d", "<i8")])
 assert SLOT_DTYPE.itemsize == SLOT.size
 _STATES = ("scheduled", "started", "completed")
+_OPEN_SHOWN = 64  # innermost open modules reported (deeper nests are interleaved threads, not a real stack)
 
 
 @dataclass
@@ -39,24 +40,20 @@ class RingContents:
 
     def summary(self) -> dict[str, Any]:
         """Step reached, last module entered, last op (with scope), modules still open at the end."""
-        s = self.strings
         out: dict[str, Any] = {"step": 0, "last_module": None, "last_op": None, "open_modules": []}
         kinds = self.slots["kind"]
         steps = self.slots[(kinds == Kind.STEP_BEGIN) | (kinds == Kind.STEP_END)]
         if len(steps):
             out["step"] = int(steps["b"][-1])
         modules = self.slots[(kinds == Kind.MODULE_ENTER) | (kinds == Kind.MODULE_EXIT)]
-        stack: list[str] = []
-        for kind, a in zip(modules["kind"].tolist(), modules["a"].tolist()):
-            scope = s[a] if 0 <= a < len(s) else "?"
-            if kind == Kind.MODULE_ENTER:
-                stack.append(scope)
-            elif scope in stack:
-                del stack[len(stack) - 1 - stack[::-1].index(scope):]
-        entered = modules[modules["kind"] == Kind.MODULE_ENTER]
-        if len(entered):
-            out["last_module"] = self.string(int(entered["a"][-1]))
-        out["open_modules"] = stack
+        if len(modules):
+            enter = modules["kind"] == Kind.MODULE_ENTER
+            out["last_module"] = self.string(int(modules["a"][enter][-1])) if enter.any() else None
+            # An enter is still open if the nesting depth never drops below its level afterwards.
+            depth = np.cumsum(np.where(enter, 1, -1))
+            floor = np.minimum.accumulate(depth[::-1])[::-1]
+            still_open = enter & (floor >= depth)
+            out["open_modules"] = [self.string(int(a)) for a in modules["a"][still_open][-_OPEN_SHOWN:]]
         ops = self.slots[kinds == Kind.OP]
         if len(ops):
             last = ops[-1]
@@ -64,44 +61,71 @@ class RingContents:
                               "inputs": self.string(int(last["d"])), "error": bool(last["flags"] & 1)}
         return out
 
-    def event_lines(self) -> Iterator[str]:
-        """One JSON object per event, slots and blobs merged in seq order."""
-        esc = [json.dumps(x) for x in self.strings]
-        n = len(esc)
-        header = self.header
-        blobs = iter(self.blobs)
-        blob = next(blobs, None)
-        for seq, _, t, kind, flags, a, b, c, d in self.slots.tolist():
-            while blob is not None and blob[0] < seq:
-                yield _blob_line(blob, header)
-                blob = next(blobs, None)
-            wall = header.wall(t)
-            if kind == Kind.MODULE_ENTER or kind == Kind.MODULE_EXIT:
-                err = ',"error":true' if flags & 1 else ""
-                yield (f'{{"seq":{seq},"t":{wall},"kind":"{_NAMES[kind]}","scope":{esc[a] if 0 <= a < n else "null"},'
-                       f'"step":{b}{err}}}')
-            elif kind == Kind.OP:
-                err = ',"error":true' if flags & 1 else ""
-                yield (f'{{"seq":{seq},"t":{wall},"kind":"op","name":{esc[a] if 0 <= a < n else "null"},'
-                       f'"scope":{esc[b] if 0 <= b < n else "null"},"duration_ns":{c},'
-                       f'"inputs":{esc[d] if 0 <= d < n else "null"}{err}}}')
-            elif kind == Kind.STEP_BEGIN:
-                yield f'{{"seq":{seq},"t":{wall},"kind":"step_begin","step":{b}}}'
-            elif kind == Kind.STEP_END:
-                yield f'{{"seq":{seq},"t":{wall},"kind":"step_end","step":{b},"duration_ns":{c}}}'
-            elif kind == Kind.MEMORY:
-                yield (f'{{"seq":{seq},"t":{wall},"kind":"memory","device":{esc[a] if 0 <= a < n else "null"},'
-                       f'"step":{b},"used_bytes":{c},"other_bytes":{d}}}')
-            elif kind == Kind.COLLECTIVE:
-                state = _STATES[d] if 0 <= d < 3 else str(d)
-                yield (f'{{"seq":{seq},"t":{wall},"kind":"collective","desc":{esc[a] if 0 <= a < n else "null"},'
-                       f'"group_seq":{b},"duration_ns":{c},"state":"{state}"}}')
-        while blob is not None:
-            yield _blob_line(blob, header)
-            blob = next(blobs, None)
+    def event_lines(self, kinds: tuple[Kind, ...] | None = None) -> list[str]:
+        """One JSON object per event (optionally only ``kinds``), slots and blobs merged in seq order."""
+        slots = self.slots if kinds is None else self.slots[np.isin(self.slots["kind"], kinds)]
+        esc = [json.dumps(x) for x in self.strings] + ["null"]  # index -1 (unknown) → null
+        out = np.empty(len(slots), dtype=object)
+        wall = slots["t"] + (self.header.wall_ns - self.header.mono_ns)
+        for kind in np.unique(slots["kind"]).tolist():
+            where = np.nonzero(slots["kind"] == kind)[0]
+            part = slots[where]
+            ids = {f: np.where((part[f] >= 0) & (part[f] < len(esc) - 1), part[f], -1) for f in ("a", "b", "d")}
+            cols = {"seq": part["seq"].tolist(), "t": wall[where].tolist(), "flags": part["flags"].tolist(),
+                    "b": part["b"].tolist(), "c": part["c"].tolist(), "d": part["d"].tolist(),
+                    "a_name": [esc[i] for i in ids["a"].tolist()]}
+            if kind == Kind.OP:
+                cols["b_name"] = [esc[i] for i in ids["b"].tolist()]
+                cols["d_name"] = [esc[i] for i in ids["d"].tolist()]
+            out[where] = _format(kind, cols)
+        lines: list[str] = out.tolist()
+        blobs = [b for b in self.blobs if kinds is None or Kind[b[2].upper()] in kinds]
+        if blobs:
+            lines = _merge(lines, slots["seq"].tolist(), [(b[0], _blob_line(b, self.header)) for b in blobs])
+        return lines
 
     def events(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.event_lines()]
+
+
+def _format(kind: int, c: dict[str, list[Any]]) -> list[str]:
+    """The JSON lines of one kind's slots, from column lists (one comprehension per kind: fast)."""
+    seq, t, flags, b, dur, d, a = c["seq"], c["t"], c["flags"], c["b"], c["c"], c["d"], c["a_name"]
+    if kind in (Kind.MODULE_ENTER, Kind.MODULE_EXIT):
+        name = _NAMES[kind]
+        return [f'{{"seq":{s},"t":{w},"kind":"{name}","scope":{n},"step":{st}{_ERR[f & 1]}}}'
+                for s, w, f, n, st in zip(seq, t, flags, a, b)]
+    if kind == Kind.OP:
+        return [f'{{"seq":{s},"t":{w},"kind":"op","name":{n},"scope":{sc},"duration_ns":{du},"inputs":{i}'
+                f'{_ERR[f & 1]}}}' for s, w, f, n, sc, du, i in zip(seq, t, flags, a, c["b_name"], dur, c["d_name"])]
+    if kind == Kind.STEP_BEGIN:
+        return [f'{{"seq":{s},"t":{w},"kind":"step_begin","step":{st}}}' for s, w, st in zip(seq, t, b)]
+    if kind == Kind.STEP_END:
+        return [f'{{"seq":{s},"t":{w},"kind":"step_end","step":{st},"duration_ns":{du}}}'
+                for s, w, st, du in zip(seq, t, b, dur)]
+    if kind == Kind.MEMORY:
+        return [f'{{"seq":{s},"t":{w},"kind":"memory","device":{n},"step":{st},"used_bytes":{u},"other_bytes":{o}}}'
+                for s, w, n, st, u, o in zip(seq, t, a, b, dur, d)]
+    if kind == Kind.COLLECTIVE:
+        return [f'{{"seq":{s},"t":{w},"kind":"collective","desc":{n},"group_seq":{g},"duration_ns":{du},'
+                f'"state":"{_STATES[x] if 0 <= x < 3 else x}"}}' for s, w, n, g, du, x in zip(seq, t, a, b, dur, d)]
+    return [f'{{"seq":{s},"t":{w},"kind":"{_NAMES.get(kind, kind)}"}}' for s, w in zip(seq, t)]
+
+
+_ERR = ("", ',"error":true')
+
+
+def _merge(lines: list[str], seqs: list[int], extra: list[tuple[int, str]]) -> list[str]:
+    """Insert ``extra`` (seq, line) pairs, sorted by seq, into ``lines`` (sorted by ``seqs``)."""
+    out: list[str] = []
+    i = 0
+    for seq, line in extra:
+        j = bisect.bisect_left(seqs, seq, lo=i)
+        out.extend(lines[i:j])
+        out.append(line)
+        i = j
+    out.extend(lines[i:])
+    return out
 
 
 _NAMES = {k.value: k.name.lower() for k in Kind}

@@ -46,8 +46,8 @@ class Event(enum.Enum):
                    "its overload name, `args`/`kwargs` its inputs, `error` what it raised or None.")
     GRAPH_COMPILED = EventSpec("graph_compiled", ("name", "graph_module", "example_inputs"), "`obs.compile` captured "
                                "a graph (a torch.fx.GraphModule) and is about to hand it to the backend.")
-    MEMORY = EventSpec("memory", ("step", "stats"), "Memory at a step boundary: a dict of CUDA allocator statistics "
-                       "on GPU, process RSS on CPU.")
+    MEMORY = EventSpec("memory", ("step", "stats"), "Memory at a step end, sampled at most every 50 ms: CUDA "
+                       "allocator statistics on GPU, process RSS on CPU.")
     COLLECTIVE = EventSpec("collective", ("record",), "A torch.distributed collective changed state "
                            "(scheduled/started/completed); `record` is a dict.")
     PRINT = EventSpec("print", ("values", "meta"), "`obs.Print` was called with `values`; `meta` holds call "

@@ -137,12 +137,25 @@ def test_suppressed_work_is_invisible_to_hooks():
     assert ops == [] and scopes == []
 
 
-def test_memory_event_at_step_end_reports_rss_on_cpu():
+def test_memory_event_at_step_end_reports_rss_on_cpu(monkeypatch):
+    import obs.runtime.steps as steps_module
+
+    monkeypatch.setattr(steps_module, "MEMORY_INTERVAL_NS", 0)
     stats = []
     obs.subscribe(obs.Event.MEMORY, lambda step, s: stats.append((step, s)))
     train(Net(), steps=2)
     assert [s for s, _ in stats] == [1, 2]
     assert stats[0][1]["device"] == "cpu" and stats[0][1]["rss_bytes"] > 0
+
+
+def test_memory_is_sampled_at_most_every_interval(monkeypatch):
+    import obs.runtime.steps as steps_module
+
+    monkeypatch.setattr(steps_module, "MEMORY_INTERVAL_NS", 3_600 * 10**9)
+    stats = []
+    obs.subscribe(obs.Event.MEMORY, lambda step, s: stats.append(step))
+    train(Net(), steps=4)
+    assert stats == [1]
 
 
 def test_our_bug_never_breaks_the_training_loop():

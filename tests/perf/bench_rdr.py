@@ -1,0 +1,108 @@
+"""Cost of the Running Data Recorder on training steps, per op, and of a dump of full rings.
+
+Run: python tests/perf/bench_rdr.py [--rounds 20] [--out bench-rdr.json]
+Targets (issue "Running Data Recorder"): module granularity <= 3% over plain PyTorch on the MLP
+and <= 1% on the CNN; op granularity within 1 us per op of a do-nothing interception of the
+same kind (an OP subscriber that does nothing, i.e. the same dispatch mode); a dump of full
+default rings <= 250 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import obs  # noqa: E402
+from _harness import Workload, cnn, measure, mlp, report  # noqa: E402
+
+TMP = tempfile.mkdtemp(prefix="obs-bench-rdr-")
+
+
+def plain():
+    return lambda: None
+
+
+def rdr(granularity: str):
+    def setup():
+        path = os.path.join(TMP, f"{granularity}.json")
+        with open(path, "w") as fh:
+            json.dump({"rdr": {"enable": True, "path": TMP, "granularity": granularity}}, fh)
+        obs.set_context(env_config_path=path)
+        assert obs.rdr.recorder() is not None
+        return obs.reset_context
+    return setup
+
+
+def op_noop():
+    sub = obs.subscribe(obs.Event.OP, lambda name, args, kwargs, duration_ns, error: None)
+    return sub.remove
+
+
+def ops_per_step(workload: Workload) -> int:
+    count = [0]
+    with obs.subscribe(obs.Event.OP, lambda *a: count.__setitem__(0, count[0] + 1)):
+        workload.step()
+    return count[0]
+
+
+def dump_full_rings(rounds: int) -> dict[str, float]:
+    from recorder.layout import Kind
+
+    rdr("module")()
+    live = obs.rdr.recorder()
+    ring = live.ring
+    scopes = [ring.intern(f"Default/net-Net/layer{i}-Linear") for i in range(64)]
+    name, sig = ring.intern("addmm"), ring.intern("float32[64, 784]@cpu float32[784, 256]@cpu")
+    for region in ring.rings.values():
+        append = ring.appender(region.name)
+        kind = {"step": Kind.STEP_END, "module": Kind.MODULE_ENTER, "op": Kind.OP, "memory": Kind.MEMORY,
+                "collective": Kind.COLLECTIVE}[region.name]
+        for i in range(region.capacity):
+            append(kind, 0, scopes[i % 64] if kind != Kind.OP else name, i, 1000, sig if kind == Kind.OP else 0)
+    for i in range(ring._blobs.capacity):
+        ring.blob(Kind.PRINT, {"values": ["loss", f"Float32[] {i}"], "step": i, "source": "train.py:1"})
+    events = sum(r.capacity for r in ring.rings.values()) + ring._blobs.capacity
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        live.dump("bench")
+        times.append((time.perf_counter() - t0) * 1e3)
+    obs.reset_context()
+    return {"events": events, "median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--out", default="bench-rdr.json")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    step_variants = {"plain": plain, "rdr step": rdr("step"), "rdr module": rdr("module")}
+    results = {w.name: measure(w, step_variants, args.rounds) for w in (mlp(), cnn())}
+    small = mlp()
+    op_variants = {"plain": plain, "OP no-op subscriber": op_noop, "rdr op": rdr("op")}
+    op_results = measure(small, op_variants, max(4, args.rounds // 3))
+    n_ops = ops_per_step(small)
+    per_op_us = (op_results["rdr op"] - op_results["OP no-op subscriber"]) * 1e3 / n_ops
+    results["mlp (op granularity)"] = op_results
+    dump = dump_full_rings(5)
+    print(f"op granularity: {n_ops} ops/step; rdr op - no-op interception = {per_op_us:+.3f} us per op (target <= 1)")
+    print(f"dump of full default rings ({dump['events']} events): median {dump['median_ms']} ms, max "
+          f"{dump['max_ms']} ms (target <= 250)")
+    report("bench_rdr", results, "plain", args.out, {
+        "op_granularity": {"ops_per_step": n_ops, "us_per_op_over_noop_interception": round(per_op_us, 3)},
+        "dump_full_rings": dump,
+        "targets": {"rdr module": {"mlp": "<= 1.03", "cnn": "<= 1.01"}, "us_per_op": "<= 1", "dump_ms": "<= 250"}})
+
+
+if __name__ == "__main__":
+    main()
