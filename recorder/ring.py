@@ -63,8 +63,11 @@ class RingWriter:
         strings, blobs, rings, size = plan(capacity)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.ftruncate(fd, size)
-            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            # Blocks reserved and pages mapped up front: the first write to a page of a sparse file
+            # otherwise faults (block allocation) on the training thread.
+            os.posix_fallocate(fd, 0, size)
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                                 mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         self.path = path
