@@ -31,12 +31,16 @@ _RUN_ID = os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12]
 
 def _versions() -> dict[str, str]:
     import platform
+    from importlib import metadata
 
     from obs import __version__
 
     torch = sys.modules.get("torch")
-    return {"obs": __version__, "python": platform.python_version(),
-            "torch": getattr(torch, "__version__", "not imported")}
+    try:
+        torch_version = torch.__version__ if torch is not None else metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return {"obs": __version__, "python": platform.python_version(), "torch": str(torch_version)}
 
 
 def _settings() -> dict[str, Any]:

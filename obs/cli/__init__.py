@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="train a small model on synthetic data with the configured features")
     _settings_arguments(p)
     p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    p.add_argument("--fail-at", type=int, metavar="STEP", help="raise in the model's forward at this step (to see "
+                   "what the Running Data Recorder keeps)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
@@ -128,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from obs.cli._demo import run_demo_command
 
-            return run_demo_command(args.steps, config=args.config, sets=args.sets, as_json=args.json)
+            return run_demo_command(args.steps, config=args.config, sets=args.sets, as_json=args.json,
+                                    fail_at=args.fail_at)
     except (ValueError, TypeError, OSError) as exc:
         if args.traceback:
             raise

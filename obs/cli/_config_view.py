@@ -20,7 +20,8 @@ def describe(cfg: EnvConfig) -> list[str]:
     lines = []
     if rdr["enable"]:
         when = "on faults" if rdr["mode"] == 1 else "on faults and at normal end"
-        lines.append(f"Running Data Recorder ON: dumps {when} into {rdr['path'] or os.getcwd()}/rank_<r>/rdr/")
+        lines.append(f"Running Data Recorder ON at {rdr['granularity']} granularity: dumps {when} into "
+                     f"{rdr['path'] or os.getcwd()}/rank_<r>/rdr/ (hangs: {rdr['hang_action']})")
     else:
         lines.append("Running Data Recorder off (rdr.enable is false)")
     lines.append(f"device memory reuse {'on' if cfg.values['sys']['mem_reuse'] else 'off'}")

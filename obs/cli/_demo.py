@@ -26,8 +26,12 @@ class DemoResult:
     next_commands: list[str] = field(default_factory=list)
 
 
-def run_demo(steps: int) -> DemoResult:
-    """Train for ``steps`` steps; count what the bus saw. Needs PyTorch."""
+class DemoFailure(RuntimeError):
+    """The failure ``obs demo --fail-at N`` injects into the model's forward."""
+
+
+def run_demo(steps: int, fail_at: int | None = None) -> DemoResult:
+    """Train for ``steps`` steps; count what the bus saw; raise DemoFailure in forward at step ``fail_at``."""
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
@@ -42,7 +46,20 @@ def run_demo(steps: int) -> DemoResult:
         raise ValueError(f"--steps must be at least 1 (got {steps})")
     torch.manual_seed(0)
     dev = obs.device()
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)
+    class Fail(torch.nn.Module):
+        """Passes its input through; raises at step ``fail_at`` (an injected fault for the RDR tour)."""
+
+        def forward(self, h: Any) -> Any:
+            if fail_at is not None and obs_step() == fail_at:
+                raise DemoFailure(f"injected failure at step {fail_at} (obs demo --fail-at)")
+            return h
+
+    from obs.runtime.steps import tracker
+
+    def obs_step() -> int:
+        return tracker.step
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), Fail(), torch.nn.Linear(64, 4)).to(dev)
     model = obs.compile(model, backend="eager")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(512, 32, device=dev)
@@ -72,12 +89,7 @@ def run_demo(steps: int) -> DemoResult:
                 obs.Print(f"step {i + 1} loss:", loss.detach(), "first layer bias:", model.state_dict()["0.bias"][:4])
     produced, next_commands = [], ["obs options", "obs config check obs_config.json",
                                    "obs run your_train.py --config obs_config.json"]
-    if print_file:
-        from obs.printing import feature
-
-        written = feature.writer.path if feature.writer is not None else print_file
-        produced.append(f"{written} (Print records)")
-        next_commands.insert(0, f"obs print {written}")
+    _point_to_outputs(print_file, produced, next_commands)
     return DemoResult(
         device=str(dev), steps=steps, first_loss=losses[0], last_loss=losses[-1],
         median_step_ms=statistics.median(durations) / 1e6 if durations else 0.0, events=dict(counts),
@@ -85,12 +97,32 @@ def run_demo(steps: int) -> DemoResult:
         produced=produced, next_commands=next_commands)
 
 
-def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, Any]], as_json: bool) -> int:
+def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[str]) -> None:
+    import obs
+
+    if print_file:
+        from obs.printing import feature
+
+        written = feature.writer.path if feature.writer is not None else print_file
+        produced.append(f"{written} (Print records)")
+        next_commands.insert(0, f"obs print {written}")
+    live = obs.rdr.recorder()
+    if live is not None:
+        produced.append(f"{live.dir} (RDR ring; bundles on faults"
+                        f"{' and at exit' if live.config.mode == 2 else ''})")
+        next_commands.insert(0, f"obs rdr ls {live.config.path or '.'}")
+
+
+def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, Any]], as_json: bool,
+                     fail_at: int | None = None) -> int:
     from obs.cli._run import apply_settings
 
     apply_settings(config, sets)
     start = time.perf_counter()
-    result = run_demo(steps)
+    try:
+        result = run_demo(steps, fail_at)
+    except DemoFailure as exc:
+        return _report_failure(exc, as_json=as_json)
     if as_json:
         from obs.cli._render import print_json
 
@@ -118,3 +150,26 @@ def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, An
     out.print(Panel(table, title="obs demo", expand=False))
     out.print("Next: " + "  |  ".join(f"[cyan]{c}[/]" for c in result.next_commands))
     return 0
+
+
+def _report_failure(exc: DemoFailure, *, as_json: bool) -> int:
+    """The injected failure: say where the RDR bundle is (if the recorder is on) and exit 1."""
+    import obs
+
+    live = obs.rdr.recorder()
+    bundle = live.dumps[-1] if live is not None and live.dumps else None
+    if as_json:
+        from obs.cli._render import print_json
+
+        print_json({"failed": str(exc), "bundle": bundle})
+        return 1
+    from obs.cli._render import console, error
+
+    error(str(exc))
+    if bundle:
+        console().print(f"RDR wrote [bold]{bundle}[/]\nNext: [cyan]obs rdr show {bundle}[/]", highlight=False,
+                        soft_wrap=True)
+    else:
+        console().print("Turn the Running Data Recorder on to get a post-mortem bundle: "
+                        "[cyan]obs demo --fail-at 20 --config obs_config.json[/] with rdr.enable true", highlight=False)
+    return 1

@@ -14,11 +14,11 @@ from typing import Any
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
 from obs.settings._table import Option, OptionTable
 from obs.settings._validators import Bool, Choice, Dict, Int, Str, did_you_mean
+from recorder.layout import DEFAULT_CAPACITY
 
 __all__ = ["ENV_VARS", "SECTIONS", "EnvConfig", "load_file", "parse_env", "parse_text", "resolve"]
 
-#: slots per ring of the recorder (mirrors recorder.layout.DEFAULT_CAPACITY, pinned by a test)
-_RING_DEFAULTS = {"step": 4096, "module": 65536, "op": 65536, "memory": 4096, "collective": 8192, "blob": 1024}
+_RING_DEFAULTS = DEFAULT_CAPACITY  # slots per ring of the recorder
 
 _ABS = Str(non_empty=True, pattern=r"/.*", expectation="an absolute path (starting with '/')")
 

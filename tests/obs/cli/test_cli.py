@@ -111,7 +111,7 @@ def test_demo_trains_and_reports(tmp_path):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["steps"] == 30 and data["events"]["step_end"] == 30
-    assert data["events"]["module_enter"] == 30 * 4 and data["device"] == "cpu"
+    assert data["events"]["module_enter"] == 30 * 5 and data["device"] == "cpu"  # Sequential + 4 layers
     assert data["last_loss"] < data["first_loss"]
 
 

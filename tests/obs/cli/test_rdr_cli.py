@@ -69,3 +69,15 @@ def test_errors_are_clear_and_exit_2(tmp_path):
     assert result.returncode == 2 and "no such folder" in result.stderr
     result = obs_cli("rdr", "recover", str(tmp_path / "missing"))
     assert result.returncode == 2 and "no such rdr folder or ring file" in result.stderr
+
+
+def test_demo_fail_at_leaves_a_bundle_to_show(tmp_path):
+    config = tmp_path / "obs_config.json"
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
+    result = obs_cli("demo", "--config", str(config), "--fail-at", "7", "--json")
+    assert result.returncode == 1
+    data = json.loads(result.stdout)
+    assert "injected failure at step 7" in data["failed"]
+    shown = json.loads(obs_cli("rdr", "show", data["bundle"], "--json").stdout)["manifest"]
+    assert shown["step"] == 7 and shown["fault"]["where"] == "Default/net-Sequential/2-Fail"
+    assert shown["versions"]["torch"].startswith("2.")
