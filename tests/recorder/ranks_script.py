@@ -1,0 +1,43 @@
+"""Two ranks (gloo) all-reduce their gradients each step; at step 3 rank 1 dies or stalls.
+
+Usage: python ranks_script.py RANK WORLD STORE CONFIG {dies|stalls}
+dies: rank 1 raises; rank 0's all_reduce fails.  stalls: rank 1 sleeps 6 s in its data loading;
+rank 0 waits in all_reduce (op_timeout 2 s: both ranks dump a hang), then both finish.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import obs
+
+rank, world, store, config, scenario = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+
+
+def load_batch(step):
+    if rank == 1 and step == 3:
+        if scenario == "dies":
+            raise RuntimeError("rank 1 lost its data loader at step 3")
+        time.sleep(6)
+    return torch.randn(2, 4)
+
+
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=20))
+obs.set_context(env_config_path=config, op_timeout=2)
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for step in range(1, 6):
+    with obs.step():
+        net(load_batch(step)).sum().backward()
+        for p in net.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        opt.zero_grad()
+dist.destroy_process_group()
