@@ -37,14 +37,14 @@ def run_ls(path: str | None, *, as_json: bool) -> int:
     if not listing.bundles:
         out.print(f"no RDR bundles under {root}")
     else:
-        table = Table(title=f"RDR bundles under {root} (newest first)", title_justify="left")
-        for column in ("created", "rank", "reason", "step", "pid", "bundle"):
-            table.add_column(column, no_wrap=column != "bundle")
+        table = Table(title=f"RDR bundles under {root}, newest first", title_justify="left")
+        table.add_column("bundle (UTC stamp_pid_reason)", overflow="fold")
+        for column in ("rank", "reason", "step"):
+            table.add_column(column, no_wrap=True)
         for b in listing.bundles:
             reason = Text(b.reason + (" (recovered)" if b.recovered else ""),
                           style="green" if b.reason == "normal_end" else "bold red")
-            table.add_row(_when(b.created_ns), str(b.rank), reason, str(b.step), str(b.pid),
-                          os.path.relpath(b.path, root))
+            table.add_row(os.path.relpath(b.path, root), str(b.rank), reason, str(b.step))
         out.print(table)
     for ring in listing.rings:
         out.print(f"[yellow]ring of pid {ring.pid} was never dumped (process killed?):[/] {ring.path}\n"
