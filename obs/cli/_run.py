@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-import traceback
 from typing import Any
 
 __all__ = ["apply_settings", "run_script"]
@@ -40,9 +39,11 @@ def run_script(script: str, args: list[str], *, config: str | None, sets: list[t
         print(code, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())
         return 130
     except BaseException:
-        traceback.print_exc()
+        # Through sys.excepthook, as an uncaught exception of `python script.py` would go, so the
+        # Running Data Recorder (and any hook the user installed) sees it.
+        sys.excepthook(*sys.exc_info())
         return 1
     return 0

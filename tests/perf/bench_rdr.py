@@ -10,6 +10,7 @@ default rings <= 250 ms.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -40,6 +41,18 @@ def rdr(granularity: str):
         assert obs.rdr.recorder() is not None
         return obs.reset_context
     return setup
+
+
+def reference():
+    """The same hooks with a deque-append subscriber: what the wrapper and step tracking cost alone."""
+    ring: collections.deque = collections.deque(maxlen=4096)
+    clock = time.perf_counter_ns
+    subs = [obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: ring.append((0, scope, clock()))),
+            obs.subscribe(obs.Event.MODULE_EXIT, lambda scope, module, error: ring.append((1, scope, clock()))),
+            obs.subscribe(obs.Event.STEP_BEGIN, lambda step: None),
+            obs.subscribe(obs.Event.STEP_END, lambda step, duration_ns: None),
+            obs.subscribe(obs.Event.MEMORY, lambda step, stats: None)]
+    return lambda: [sub.remove() for sub in subs]
 
 
 def op_noop():
@@ -86,7 +99,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench-rdr.json")
     args = parser.parse_args()
     torch.manual_seed(0)
-    step_variants = {"plain": plain, "rdr step": rdr("step"), "rdr module": rdr("module")}
+    step_variants = {"plain": plain, "rdr step": rdr("step"), "rdr module": rdr("module"),
+                     "reference: deque subscriber": reference}
     results = {w.name: measure(w, step_variants, args.rounds) for w in (mlp(), cnn())}
     small = mlp()
     op_variants = {"plain": plain, "OP no-op subscriber": op_noop, "rdr module": rdr("module"), "rdr op": rdr("op")}
