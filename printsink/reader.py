@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from printsink._source import Corrupt, Source, Truncated
 from printsink.dtypes import NUMPY_OF
 from printsink.encoder import META_FIELD, CallMeta
 
@@ -25,8 +26,6 @@ __all__ = ["PrintCall", "PrintFileError", "PrintFileWarning", "TruncatedPrintFil
 
 _META_TAG = (META_FIELD << 3) | 2
 _VALUE_TAG = 0x0A
-_CHUNK = 64 * 1024  # read-ahead for headers and small values; larger contents are read straight into place
-_DIRECT = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,119 +60,8 @@ class PrintFileWarning(UserWarning):
     """A truncated last record was skipped (``strict=False``)."""
 
 
-class _Truncated(Exception):
-    pass
-
-
-class _Corrupt(Exception):
-    def __init__(self, offset: int, problem: str) -> None:
-        super().__init__(problem)
-        self.offset = offset
-
-
-class _Source:
-    """A read buffer over a binary file that knows the file offset of every byte."""
-
-    def __init__(self, f: BinaryIO, start: int = 0) -> None:
-        self.f, self.buf, self.pos, self.base = f, bytearray(), 0, start
-
-    @property
-    def offset(self) -> int:
-        return self.base + self.pos
-
-    def rewind(self, offset: int) -> None:
-        self.f.seek(offset)
-        self.buf, self.pos, self.base = bytearray(), 0, offset
-
-    def fill(self, need: int) -> bool:
-        """Make ``need`` bytes available at ``pos``; False at end of file (partial data kept)."""
-        if len(self.buf) - self.pos >= need:
-            return True
-        del self.buf[:self.pos]
-        self.base += self.pos
-        self.pos = 0
-        while len(self.buf) < need:
-            chunk = self.f.read(max(_CHUNK, need - len(self.buf)))
-            if not chunk:
-                return False
-            self.buf += chunk
-        return True
-
-    def varint(self) -> int:
-        self.fill(10)
-        buf, pos, shift, value = self.buf, self.pos, 0, 0
-        while True:
-            if pos >= len(buf):
-                raise _Truncated
-            byte = buf[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                self.pos = pos
-                return value
-            shift += 7
-            if shift >= 70:
-                raise _Corrupt(self.offset, "varint longer than 10 bytes")
-
-    def take(self, n: int) -> bytes:
-        if not self.fill(n):
-            raise _Truncated
-        out = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        return out
-
-    def take_array(self, n: int) -> np.ndarray:
-        """``n`` bytes as a fresh, writable uint8 array; large ones are read straight into it."""
-        have = len(self.buf) - self.pos
-        if n <= _DIRECT:
-            if not self.fill(n):
-                raise _Truncated
-            out = np.frombuffer(self.buf, np.uint8, n, self.pos).copy()
-            self.pos += n
-            return out
-        out = np.empty(n, np.uint8)
-        if have >= n:
-            out[:] = np.frombuffer(self.buf, np.uint8, n, self.pos)
-            self.pos += n
-            return out
-        out[:have] = np.frombuffer(self.buf, np.uint8, have, self.pos)
-        view = memoryview(out)[have:]
-        while view:
-            got = self.f.readinto(view)
-            if not got:
-                raise _Truncated
-            view = view[got:]
-        self.base += len(self.buf) + (n - have)
-        self.buf, self.pos = bytearray(), 0
-        return out
-
-    def length(self, end: int | None, what: str) -> int:
-        """A length prefix, checked against the enclosing message (or, at top level, the file size)."""
-        at = self.offset
-        n = self.varint()
-        if end is None:
-            if self.offset + n > os.fstat(self.f.fileno()).st_size:
-                raise _Truncated
-        elif self.offset + n > end:
-            raise _Corrupt(at, f"a field of {n} bytes runs past the end of its {what}")
-        return n
-
-    def skip(self, wire: int, end: int | None, at: int) -> None:
-        """Skip the payload of a field whose tag (at ``at``) has wire type ``wire``."""
-        if wire == 0:
-            self.varint()
-        elif wire == 1:
-            self.take(8)
-        elif wire == 2:
-            self.take(self.length(end, "message"))
-        elif wire == 5:
-            self.take(4)
-        else:
-            raise _Corrupt(at, f"invalid wire type {wire}")
-
-
 class _Parser:
-    def __init__(self, path: str, source: _Source, as_torch: bool) -> None:
+    def __init__(self, path: str, source: Source, as_torch: bool) -> None:
         self.path, self.src, self.as_torch = path, source, as_torch
 
     def record(self) -> PrintCall | None:
@@ -191,15 +79,15 @@ class _Parser:
                 for _ in range(meta.n_values):
                     at = src.offset
                     if not src.fill(1):
-                        raise _Truncated
+                        raise Truncated
                     if src.varint() != _VALUE_TAG:
-                        raise _Corrupt(at, f"expected value {len(values) + 1} of {meta.n_values} of the call")
+                        raise Corrupt(at, f"expected value {len(values) + 1} of {meta.n_values} of the call")
                     values.append(self._value(src.length(None, "file")))
                 return PrintCall(values, meta, start, src.offset)
             if tag == _VALUE_TAG:
                 return PrintCall([self._value(src.length(None, "file"))], None, start, src.offset)
             if tag >> 3 == 0:
-                raise _Corrupt(at, f"invalid field tag 0x{tag:x}: not a Print message")
+                raise Corrupt(at, f"invalid field tag 0x{tag:x}: not a Print message")
             src.skip(tag & 7, None, at)  # a field of a newer writer: ignore it, as protobuf does
 
     def _meta(self, length: int) -> CallMeta:
@@ -233,14 +121,14 @@ class _Parser:
                 try:
                     result = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise _Corrupt(at, f"desc is not UTF-8 ({exc.reason})") from None
+                    raise Corrupt(at, f"desc is not UTF-8 ({exc.reason})") from None
             elif tag == 0x12:
                 result = self._tensor(src.length(end, "Print.Value"))
             else:
                 src.skip(tag & 7, end, at)
         self._check_end(end, "Print.Value")
         if result is None:
-            raise _Corrupt(end - length, "Print.Value holds neither desc nor tensor")
+            raise Corrupt(end - length, "Print.Value holds neither desc nor tensor")
         return result
 
     def _tensor(self, length: int) -> Any:
@@ -267,29 +155,29 @@ class _Parser:
                 src.skip(tag & 7, end, at)
         self._check_end(end, "TensorProto")
         if dtype is None or raw is None:
-            raise _Corrupt(start, "TensorProto lacks its required tensor_type or tensor_content")
+            raise Corrupt(start, "TensorProto lacks its required tensor_type or tensor_content")
         return self._array(dtype, dims, raw, start)
 
     def _array(self, dtype: str, dims: list[int], raw: np.ndarray, at: int) -> Any:
         np_dtype = NUMPY_OF.get(dtype)
         if np_dtype is None:
-            raise _Corrupt(at, f"unknown tensor_type {dtype!r}; expected one of {', '.join(NUMPY_OF)}")
+            raise Corrupt(at, f"unknown tensor_type {dtype!r}; expected one of {', '.join(NUMPY_OF)}")
         if raw.size % np_dtype.itemsize:
-            raise _Corrupt(at, f"{raw.size} content bytes is not a whole number of {dtype} elements")
+            raise Corrupt(at, f"{raw.size} content bytes is not a whole number of {dtype} elements")
         data = raw.view(np_dtype)
         if dims and not (dims == [0] and data.size == 1):
             if any(d < 0 for d in dims) or int(np.prod(dims, dtype=np.int64)) != data.size:
-                raise _Corrupt(at, f"dims {dims} do not match {data.size} {dtype} elements")
+                raise Corrupt(at, f"dims {dims} do not match {data.size} {dtype} elements")
             data = data.reshape(dims)
         else:  # a scalar: MindSpore writes no dims (older writers also [0] or [1])
             if data.size < 1:
-                raise _Corrupt(at, f"scalar {dtype} tensor has no content")
+                raise Corrupt(at, f"scalar {dtype} tensor has no content")
             data = data[:1].reshape(())
         return _convert(data, dtype, self.as_torch)
 
     def _check_end(self, end: int, what: str) -> None:
         if self.src.offset != end:
-            raise _Corrupt(end, f"a field runs past the end of its {what}")
+            raise Corrupt(end, f"a field runs past the end of its {what}")
 
 
 def _int64(value: int) -> int:
@@ -327,20 +215,20 @@ def iter_print(path: str | os.PathLike[str], *, strict: bool = True, as_torch: b
         if size == 0:
             raise ValueError(f"print file {name!r} is empty: make sure print_file_path pointed here and the job "
                              "printed something")
-        parser = _Parser(name, _Source(f), as_torch)
+        parser = _Parser(name, Source(f), as_torch)
         complete = 0
         while True:
             start = parser.src.offset
             try:
                 call = parser.record()
-            except _Truncated:
+            except Truncated:
                 error = TruncatedPrintFile(name, start, size, complete)
                 if strict:
                     raise error from None
                 warnings.warn(f"{error.fact}; returning the complete ones", PrintFileWarning,
                               stacklevel=2)
                 return
-            except _Corrupt as exc:
+            except Corrupt as exc:
                 raise PrintFileError(name, exc.offset, str(exc)) from None
             if call is None:
                 return
@@ -362,14 +250,14 @@ def follow_print(path: str | os.PathLike[str], *, poll_s: float = 0.25, stop: Ca
     """Yield calls as a running job appends them; a record is yielded once complete.  Ends when ``stop()``."""
     name, f, _ = _open(path)
     with f:
-        parser = _Parser(name, _Source(f), as_torch)
+        parser = _Parser(name, Source(f), as_torch)
         while not stop():
             start = parser.src.offset
             try:
                 call = parser.record()
-            except _Truncated:
+            except Truncated:
                 call = None
-            except _Corrupt as exc:
+            except Corrupt as exc:
                 raise PrintFileError(name, exc.offset, str(exc)) from None
             if call is None:
                 parser.src.rewind(start)

@@ -22,13 +22,14 @@ import numpy as np
 
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error
-from recorder.bundle import SCHEMA_VERSION, bundle_name, safe_name, write_bundle, write_json_atomic
+from recorder.assemble import bundle_parts
+from recorder.bundle import bundle_name, write_bundle, write_json_atomic
 from recorder.layout import DEFAULT_CAPACITY, Kind
 from recorder.ring import RingWriter
 from recorder.ring_reader import RingContents, read_ring
-from recorder.stacks import all_stacks, exception_record, stacks_text
+from recorder.stacks import all_stacks
 
-__all__ = ["GRANULARITIES", "RdrConfig", "Recorder", "bundle_parts", "rdr_dir"]
+__all__ = ["GRANULARITIES", "RdrConfig", "Recorder", "rdr_dir"]
 
 GRANULARITIES = ("off", "step", "module", "op")
 _GRAPHS_KEPT = 32
@@ -261,48 +262,6 @@ class Recorder:
             self.mark(state, dumped=bool(self.dumps))
 
 
-def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | None = None,
-                 fault: dict[str, Any] | None = None, fatal_stacks: str | None = None,
-                 threads: list[dict[str, Any]] | None = None, graphs: list[tuple[str, str]] | None = None,
-                 settings: dict[str, Any] | None = None, recovered: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The manifest and files of a bundle from a ring's contents and what the live process adds."""
-    summary = contents.summary()
-    files: dict[str, Any] = {
-        "events.jsonl": contents.event_lines(),
-        "memory.jsonl": contents.event_lines((Kind.MEMORY,)),
-        "collectives.jsonl": contents.event_lines((Kind.COLLECTIVE,)),
-    }
-    if threads:
-        files["stacks.json"] = _json(threads)
-        files["stacks.txt"] = stacks_text(threads)
-    if fatal_stacks:
-        files["fatal_stacks.txt"] = fatal_stacks
-    exc = exception_record(error) if error is not None else None
-    if exc is not None:
-        files["exception.json"] = _json(exc)
-        files["exception.txt"] = exc["traceback"]
-    for i, (name, text) in enumerate(graphs or ()):
-        files[f"graphs/{i:02d}_{safe_name(name)}.ir"] = text
-    meta = contents.header.meta
-    manifest = {
-        "schema_version": SCHEMA_VERSION, "reason": reason, "created_ns": time.time_ns(),
-        "host": meta.get("host", socket.gethostname()), "pid": contents.header.pid, "rank": contents.header.rank,
-        "world_size": contents.header.world_size, "run_id": meta.get("run_id"), "step": summary["step"],
-        "granularity": meta.get("granularity"), "versions": meta.get("versions", {}), "settings": settings or {},
-        "dropped": contents.dropped, "recorded": {"events": int(len(contents.slots)) + len(contents.blobs)},
-        "last_module": summary["last_module"], "open_modules": summary["open_modules"],
-        "last_op": summary["last_op"], "fault": fault, "recovered": recovered,
-        "exception": {k: exc[k] for k in ("type", "message", "where")} if exc else None,
-    }
-    return manifest, files
-
-
-def _json(data: Any) -> str:
-    import json
-
-    return json.dumps(data, indent=2, default=str)
-
-
 def _describe(args: Any) -> str:
     """``float32[64, 784]@cpu float32[784, 256]@cpu int`` for an op's positional inputs (once per signature)."""
     parts = []
@@ -320,4 +279,3 @@ def _tensor_summary(item: Any) -> str:
     if data is not None and data.size <= 8 and item.dtype != "BFloat16":
         return f"{item.dtype}{dims} {np.array2string(data, separator=', ')}"
     return f"{item.dtype}{dims}"
-

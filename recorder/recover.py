@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from recorder.bundle import bundle_name, write_bundle, write_json_atomic
-from recorder.recorder import bundle_parts
+from recorder.assemble import bundle_parts
 from recorder.ring_reader import read_ring_file
 
 __all__ = ["RingFile", "find_rings", "recover_rings"]

@@ -63,7 +63,6 @@ def set_context(**kwargs: Any) -> None:
     Deprecated keys give a DeprecationWarning naming the replacement; keys for another device
     than ``device_target`` are ignored with a warning.
     """
-    global _values
     if not kwargs:
         return
     with _lock:

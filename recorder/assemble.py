@@ -1,0 +1,55 @@
+"""Assemble a bundle's manifest and files from a ring's contents (shared by live dumps and recover)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+from recorder.bundle import SCHEMA_VERSION, safe_name
+from recorder.layout import Kind
+from recorder.ring_reader import RingContents
+from recorder.stacks import exception_record, stacks_text
+
+__all__ = ["bundle_parts"]
+
+
+def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | None = None,
+                 fault: dict[str, Any] | None = None, fatal_stacks: str | None = None,
+                 threads: list[dict[str, Any]] | None = None, graphs: list[tuple[str, str]] | None = None,
+                 settings: dict[str, Any] | None = None, recovered: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest and files of a bundle from a ring's contents and what the live process adds."""
+    summary = contents.summary()
+    files: dict[str, Any] = {
+        "events.jsonl": contents.event_lines(),
+        "memory.jsonl": contents.event_lines((Kind.MEMORY,)),
+        "collectives.jsonl": contents.event_lines((Kind.COLLECTIVE,)),
+    }
+    if threads:
+        files["stacks.json"] = _json(threads)
+        files["stacks.txt"] = stacks_text(threads)
+    if fatal_stacks:
+        files["fatal_stacks.txt"] = fatal_stacks
+    exc = exception_record(error) if error is not None else None
+    if exc is not None:
+        files["exception.json"] = _json(exc)
+        files["exception.txt"] = exc["traceback"]
+    for i, (name, text) in enumerate(graphs or ()):
+        files[f"graphs/{i:02d}_{safe_name(name)}.ir"] = text
+    meta = contents.header.meta
+    manifest = {
+        "schema_version": SCHEMA_VERSION, "reason": reason, "created_ns": time.time_ns(),
+        "host": meta.get("host", socket.gethostname()), "pid": contents.header.pid, "rank": contents.header.rank,
+        "world_size": contents.header.world_size, "run_id": meta.get("run_id"), "step": summary["step"],
+        "granularity": meta.get("granularity"), "versions": meta.get("versions", {}), "settings": settings or {},
+        "dropped": contents.dropped, "recorded": {"events": int(len(contents.slots)) + len(contents.blobs)},
+        "last_module": summary["last_module"], "open_modules": summary["open_modules"],
+        "last_op": summary["last_op"], "fault": fault, "recovered": recovered,
+        "exception": {k: exc[k] for k in ("type", "message", "where")} if exc else None,
+    }
+    return manifest, files
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=2, default=str)
