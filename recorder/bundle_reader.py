@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from collections import deque
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recorder.bundle import SCHEMA_VERSION
-from recorder.recover import RingFile, find_rings
+from recorder.recover import RingFile, find_rings, near
 
 __all__ = ["Bundle", "BundleInfo", "Listing", "find_bundle", "list_bundles", "load_bundle"]
 
@@ -106,8 +105,8 @@ def list_bundles(path: str) -> Listing:
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such folder: {path!r}")
     listing = Listing()
-    manifests = glob.glob(os.path.join(glob.escape(path), "**", "manifest.json"), recursive=True)
-    for file in manifests:
+    for file in near(path, "*/manifest.json") + ([os.path.join(path, "manifest.json")]
+                                                 if os.path.isfile(os.path.join(path, "manifest.json")) else []):
         folder = os.path.dirname(file)
         if os.path.basename(folder).startswith(".tmp-"):
             continue
@@ -115,7 +114,7 @@ def list_bundles(path: str) -> Listing:
             listing.bundles.append(_info(folder, _manifest(folder)))
         except ValueError:
             listing.incomplete.append(folder)
-    listing.incomplete += sorted(glob.glob(os.path.join(glob.escape(path), "**", ".tmp-*"), recursive=True))
+    listing.incomplete += near(path, ".tmp-*")
     listing.bundles.sort(key=lambda b: b.created_ns, reverse=True)
     listing.rings = [r for r in find_rings(path) if not r.alive]
     return listing

@@ -15,7 +15,7 @@ from recorder.bundle import bundle_name, write_bundle, write_json_atomic
 from recorder.assemble import bundle_parts
 from recorder.ring_reader import read_ring_file
 
-__all__ = ["RingFile", "find_rings", "recover_rings"]
+__all__ = ["RingFile", "find_rings", "near", "recover_rings"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,17 @@ class RingFile:
     path: str
     pid: int
     alive: bool
+
+
+#: where RDR files sit relative to what a user passes: an rdr folder, a rank folder, an RDR root,
+#: or a folder of runs each with its root (bounded globs: never a walk of a whole tree)
+_LEVELS = ("", "rdr", "rank_*/rdr", "*/rank_*/rdr", "*/*/rank_*/rdr")
+
+
+def near(path: str, pattern: str) -> list[str]:
+    """Files or folders matching ``pattern`` at the RDR levels under ``path``, sorted."""
+    base = glob.escape(path)
+    return sorted({f for level in _LEVELS for f in glob.glob(os.path.join(base, level, pattern))})
 
 
 def _alive(pid: int) -> bool:
@@ -42,7 +53,7 @@ def find_rings(path: str) -> list[RingFile]:
     if os.path.isfile(path):
         candidates = [path]
     else:
-        candidates = sorted(glob.glob(os.path.join(glob.escape(path), "**", "ring_*.obsring"), recursive=True))
+        candidates = near(path, "ring_*.obsring")
     out = []
     for ring in candidates:
         stem = os.path.basename(ring).removeprefix("ring_").removesuffix(".obsring")
