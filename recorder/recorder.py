@@ -74,6 +74,7 @@ class Recorder:
         self.graphs: deque[tuple[str, str]] = deque(maxlen=_GRAPHS_KEPT)
         self._dump_lock = threading.Lock()
         self._subs: list[Subscription] = []
+        self._writers: list[Any] = []  # C SlotWriters (recorder/_hotpath.c), released before the ring closes
         self._subscribe()
         self.mark("running")
 
@@ -93,6 +94,8 @@ class Recorder:
 
             def on_step_begin(number: int) -> None:
                 self.step = number
+                for writer in self._writers:
+                    writer.step = number
                 step(Kind.STEP_BEGIN, 0, 0, number, 0, 0)
 
             def on_step_end(number: int, duration_ns: int) -> None:
@@ -120,8 +123,16 @@ class Recorder:
             self._subscribe_ops()
 
     # The two hot paths below write their slot inline (one Python call per event): every
-    # attribute lookup and call here is paid per module call or per aten op.
+    # attribute lookup and call here is paid per module call or per aten op.  When the C hot path
+    # is built (recorder/_hotpath.c) it does the same work; these are the fallback and reference.
     def _subscribe_modules(self) -> None:
+        hot = _hotpath()
+        if hot is not None:
+            writer = hot.SlotWriter(*self._slot_args("module"))
+            self._writers.append(writer)
+            self._subs.append(bus.subscribe(Event.MODULE_ENTER, writer.enter))
+            self._subs.append(bus.subscribe(Event.MODULE_EXIT, writer.exit))
+            return
         pack, mm, base, cap, size, counter, seq, clock = self.ring.slots("module")
         ids, intern = self.ring._strings, self.ring.intern
         enter_kind, exit_kind = int(Kind.MODULE_ENTER), int(Kind.MODULE_EXIT)
@@ -150,11 +161,22 @@ class Recorder:
 
         from obs._core.internal import SUPPRESSION
 
-        pack, mm, base, cap, size, counter, seq, clock = self.ring.slots("op")
         ids, intern = self.ring._strings, self.ring.intern
         signatures: dict[tuple[Any, ...], tuple[int, int]] = {}
         tensor_type = torch.Tensor
         kind = int(Kind.OP)
+
+        def describe(name: str, args: Any) -> tuple[int, int]:
+            return intern(name.removesuffix(".default")), intern(_describe(args))
+
+        hot = _hotpath()
+        if hot is not None:
+            writer = hot.SlotWriter(*self._slot_args("op"), tensor_type=tensor_type, signatures=signatures,
+                                    describe=describe, state=SUPPRESSION)
+            self._writers.append(writer)
+            self._subs.append(bus.subscribe(Event.OP, writer.op))
+            return
+        pack, mm, base, cap, size, counter, seq, clock = self.ring.slots("op")
 
         def on_op(name: str, args: Any, kwargs: Any, duration_ns: int, error: Any) -> None:
             key: list[Any] = [name]
@@ -167,7 +189,7 @@ class Recorder:
             key_t = tuple(key)
             ids_pair = signatures.get(key_t)
             if ids_pair is None:
-                ids_pair = signatures[key_t] = (intern(name.removesuffix(".default")), intern(_describe(args)))
+                ids_pair = signatures[key_t] = describe(name, args)
             stack = SUPPRESSION.stack
             scope = stack[-1] if stack else ""
             sid = ids.get(scope)
@@ -178,6 +200,11 @@ class Recorder:
                  sid, duration_ns, ids_pair[1])
 
         self._subs.append(bus.subscribe(Event.OP, on_op))
+
+    def _slot_args(self, ring: str) -> tuple[Any, ...]:
+        target = self.ring.slots(ring)
+        return (target.mm, target.base, target.capacity, target.counter, target.seq, self.ring._strings,
+                self.ring.intern)
 
     # -- low-rate events (blobs) --------------------------------------------------------------
     def _on_print(self, values: Any, meta: Any) -> None:
@@ -252,6 +279,9 @@ class Recorder:
         for sub in self._subs:
             sub.remove()
         self._subs = []
+        for writer in self._writers:
+            writer.release()
+        self._writers = []
         self.ring.close(remove=clean_exit)
         if clean_exit:
             try:
@@ -260,6 +290,17 @@ class Recorder:
             except OSError:
                 pass
             self.mark(state, dumped=bool(self.dumps))
+
+
+def _hotpath() -> Any:
+    """The C hot path, unless it is not built or ``OBS_RDR_PURE_PYTHON=1`` asks for the Python one."""
+    if os.environ.get("OBS_RDR_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from recorder import _hotpath as module
+    except ImportError:
+        return None
+    return module
 
 
 def _describe(args: Any) -> str:

@@ -4,7 +4,8 @@ Run: python tests/perf/bench_rdr.py [--rounds 20] [--out bench-rdr.json]
 Targets (issue "Running Data Recorder"): module granularity <= 3% over plain PyTorch on the MLP
 and <= 1% on the CNN; op granularity within 1 us per op of a do-nothing interception of the
 same kind (an OP subscriber that does nothing, i.e. the same dispatch mode); a dump of full
-default rings <= 250 ms.
+default rings <= 250 ms.  "Python handlers" variants run without the C hot path
+(recorder/_hotpath.c, OBS_RDR_PURE_PYTHON=1) to show what it buys.
 """
 
 from __future__ import annotations
@@ -32,14 +33,21 @@ def plain():
     return lambda: None
 
 
-def rdr(granularity: str):
+def rdr(granularity: str, pure_python: bool = False):
+    """RDR at ``granularity``; ``pure_python`` uses the Python handlers instead of recorder/_hotpath.c."""
     def setup():
         path = os.path.join(TMP, f"{granularity}.json")
         with open(path, "w") as fh:
             json.dump({"rdr": {"enable": True, "path": TMP, "granularity": granularity}}, fh)
+        os.environ["OBS_RDR_PURE_PYTHON"] = "1" if pure_python else "0"
         obs.set_context(env_config_path=path)
-        assert obs.rdr.recorder() is not None
-        return obs.reset_context
+        live = obs.rdr.recorder()
+        assert live is not None and (granularity in ("off", "step") or bool(live._writers) is not pure_python)
+
+        def teardown():
+            obs.reset_context()
+            del os.environ["OBS_RDR_PURE_PYTHON"]
+        return teardown
     return setup
 
 
@@ -100,10 +108,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     step_variants = {"plain": plain, "rdr step": rdr("step"), "rdr module": rdr("module"),
+                     "rdr module, Python handlers": rdr("module", pure_python=True),
                      "reference: deque subscriber": reference}
     results = {w.name: measure(w, step_variants, args.rounds) for w in (mlp(), cnn())}
     small = mlp()
-    op_variants = {"plain": plain, "OP no-op subscriber": op_noop, "rdr module": rdr("module"), "rdr op": rdr("op")}
+    op_variants = {"plain": plain, "OP no-op subscriber": op_noop, "rdr module": rdr("module"), "rdr op": rdr("op"),
+                   "rdr op, Python handlers": rdr("op", pure_python=True)}
     op_results = measure(small, op_variants, max(4, args.rounds // 2))
     n_ops = ops_per_step(small)
     per_op_us = (op_results["rdr op"] - op_results["OP no-op subscriber"]) * 1e3 / n_ops

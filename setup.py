@@ -1,0 +1,6 @@
+"""Only the C hot path of the recorder lives here; everything else is in pyproject.toml."""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("recorder._hotpath", ["recorder/_hotpath.c"], optional=True,
+                             extra_compile_args=["-O2"])])

@@ -1,0 +1,80 @@
+"""The C hot path writes exactly what the Python handlers write, and refuses bad use."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+
+import pytest
+import torch
+
+import obs
+from obs.runtime.steps import tracker
+from recorder.bundle_reader import load_bundle
+
+try:
+    from recorder import _hotpath as hotpath
+except ImportError:  # built by `pip install -e .` (setup.py); optional where there is no C compiler
+    if shutil.which("cc") or shutil.which("gcc"):
+        raise
+    pytest.skip("no C compiler here, so the C hot path is not built", allow_module_level=True)
+
+
+def record(tmp_path, monkeypatch, pure: bool):
+    if pure:
+        monkeypatch.setenv("OBS_RDR_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("OBS_RDR_PURE_PYTHON", raising=False)
+    config = tmp_path / f"obs-{pure}.json"
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / str(pure)), "granularity": "op"}}))
+    tracker.reset()
+    obs.set_context(env_config_path=str(config))
+    assert bool(obs.rdr.recorder()._writers) is not pure
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(2):
+        net(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    try:
+        net[2](torch.ones(3, 5))
+    except RuntimeError:
+        pass
+    path = obs.rdr.dump("parity")
+    obs.reset_context()
+    keep = ("kind", "scope", "name", "inputs", "step", "error")
+    return [{k: e[k] for k in keep if k in e} for e in load_bundle(path).iter_events()
+            if e["kind"] in ("module_enter", "module_exit", "op", "step_begin", "step_end")]
+
+
+def test_c_and_python_paths_record_the_same_events(tmp_path, monkeypatch):
+    c_events = record(tmp_path, monkeypatch, pure=False)
+    py_events = record(tmp_path, monkeypatch, pure=True)
+    assert c_events == py_events
+    assert any(e["kind"] == "op" and e["name"] == "addmm" and "float32[3, 4]@cpu" in e["inputs"] for e in c_events)
+    assert {"kind": "module_exit", "scope": "Default/net-Sequential/2-Linear", "step": 3, "error": True} in c_events
+
+
+def test_bad_construction_and_release():
+    buf = bytearray(56 * 4)
+    ids: dict[str, int] = {}
+    args = (buf, 0, 4, itertools.count(), itertools.count(1), ids, lambda s: ids.setdefault(s, len(ids)))
+    with pytest.raises(ValueError, match="outside the buffer"):
+        hotpath.SlotWriter(buf, 56, 4, *args[3:])
+    with pytest.raises(ValueError, match="capacity must be positive"):
+        hotpath.SlotWriter(buf, 0, 0, *args[3:])
+    with pytest.raises(BufferError, match="not writable"):
+        hotpath.SlotWriter(b"read-only", 0, 1, *args[3:])
+    writer = hotpath.SlotWriter(*args)
+    with pytest.raises(TypeError, match="enter"):
+        writer.enter("only one")
+    with pytest.raises(RuntimeError, match="not set up for ops"):
+        writer.op("addmm", (), {}, 1, None)
+    writer.step = 9
+    writer.enter("scope", None)
+    assert int.from_bytes(buf[0:8], "little") == 1 and int.from_bytes(buf[32:40], "little") == 9  # seq, b=step
+    writer.release()
+    writer.exit("scope", None, None)  # after release: dropped, no crash
+    assert buf[56:112] == bytes(56)
