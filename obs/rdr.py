@@ -111,6 +111,16 @@ class RdrFeature:
         self.triggers.hang_action = config.hang_action
         self.triggers.start_watchdog()
 
+    def _after_fork(self) -> None:
+        """A forked child (a DataLoader worker) does not record: it lets go of the parent's recorder."""
+        self._lock = threading.RLock()
+        if self.triggers is not None:
+            self.triggers.detach()
+            self.triggers = None
+        if self.recorder is not None:
+            self.recorder.detach()
+            self.recorder = None
+
     def _stop(self) -> None:
         if self.triggers is not None:
             self.triggers.uninstall()
@@ -121,6 +131,7 @@ class RdrFeature:
 
 
 feature = RdrFeature()
+os.register_at_fork(after_in_child=feature._after_fork)
 
 
 def start_from_environment() -> None:

@@ -8,6 +8,7 @@ process.  When ``write`` returns the record is in the kernel: a kill afterwards 
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 
@@ -39,8 +40,8 @@ class PrintWriter:
         """Append one record (the concatenation of ``parts``)."""
         with self._lock:
             fd = self._fd
-            if fd is None:
-                raise ValueError(f"print file {self.path!r} is closed")
+            if fd is None:  # closed by another thread (reset_context) while this Print was on its way
+                raise OSError(errno.EBADF, f"print file {self.path!r} is closed")
             total = sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in parts)
             if len(parts) <= _IOV_MAX:
                 written = os.writev(fd, parts)

@@ -272,16 +272,28 @@ class Recorder:
         write_json_atomic(os.path.join(self.dir, "marker.json"), data)
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def close(self, *, clean_exit: bool = True, state: str = "exited") -> None:
-        """Unsubscribe; a clean close removes the ring (nothing to recover) and marks the rank ``state``."""
-        if self.ring._mm is None:
-            return
+    def _unsubscribe(self) -> None:
         for sub in self._subs:
             sub.remove()
         self._subs = []
         for writer in self._writers:
             writer.release()
         self._writers = []
+
+    def detach(self) -> None:
+        """In a forked child: stop recording without touching the parent's ring, marker or files.
+
+        The child shares the parent's memory map; writing or closing it from the child would
+        corrupt or delete the parent's record.
+        """
+        self._unsubscribe()
+        self.ring._mm = None  # the child's copy of the map goes with the process; never unlink
+
+    def close(self, *, clean_exit: bool = True, state: str = "exited") -> None:
+        """Unsubscribe; a clean close removes the ring (nothing to recover) and marks the rank ``state``."""
+        if self.ring._mm is None:
+            return
+        self._unsubscribe()
         self.ring.close(remove=clean_exit)
         if clean_exit:
             try:

@@ -65,6 +65,15 @@ class Triggers:
     def uninstall(self) -> None:
         atexit.unregister(self._at_exit)
         self.stop_watchdog()
+        self._restore(close_fatal_file=True)
+
+    def detach(self) -> None:
+        """In a forked child: put every handler back without dumping or closing anything."""
+        atexit.unregister(self._at_exit)
+        self._watchdog = None  # threads do not survive fork
+        self._restore(close_fatal_file=False)  # the parent's file: the child only drops its copy
+
+    def _restore(self, *, close_fatal_file: bool) -> None:
         if sys.excepthook == self._sys_hook:
             sys.excepthook = self._prev_sys
         if threading.excepthook == self._thread_hook:
@@ -77,7 +86,8 @@ class Triggers:
             faulthandler.disable()
             if self._faulthandler_was:
                 faulthandler.enable()
-            self._fatal.close()
+            if close_fatal_file:
+                self._fatal.close()
             self._fatal = None
 
     def start_watchdog(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -171,3 +172,24 @@ def test_bad_environment_variable_warns_instead_of_breaking_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "None"
     assert "MS_RDR_ENABLE must be 1 or 0" in out.stderr
+
+
+def _child_prints_then_is_terminated():
+    obs.Print("from a forked worker")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_forked_workers_leave_the_parents_record_alone(tmp_path):
+    import multiprocessing
+
+    enable(tmp_path)
+    ring = rank_dir(tmp_path) / f"ring_{os.getpid()}.obsring"
+    before = (rank_dir(tmp_path) / "marker.json").read_text()
+    child = multiprocessing.get_context("fork").Process(target=_child_prints_then_is_terminated)
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGTERM
+    assert ring.exists() and (rank_dir(tmp_path) / "marker.json").read_text() == before
+    assert not list_bundles(str(tmp_path / "out")).bundles  # the child's SIGTERM did not dump
+    train(steps=1)
+    assert load_bundle(obs.rdr.dump("manual")).manifest["step"] == 1
