@@ -106,11 +106,15 @@ def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[
         written = feature.writer.path if feature.writer is not None else print_file
         produced.append(f"{written} (Print records)")
         next_commands.insert(0, f"obs print {written}")
+    else:
+        next_commands.insert(0, "obs demo --set print_file_path=demo_print.pb")
     live = obs.rdr.recorder()
     if live is not None:
         produced.append(f"{live.dir} (RDR ring; bundles on faults"
                         f"{' and at exit' if live.config.mode == 2 else ''})")
         next_commands.insert(0, f"obs rdr ls {live.config.path or '.'}")
+    else:
+        next_commands.insert(1, "obs demo --config obs_config.json --fail-at 20  (rdr.enable true in the file)")
 
 
 def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, Any]], as_json: bool,
