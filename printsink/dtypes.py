@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["NUMPY_OF", "NAME_OF_NUMPY", "NAME_OF_TORCH", "SUPPORTED", "itemsize"]
+__all__ = ["NUMPY_OF", "NAME_OF_NUMPY", "NAME_OF_TORCH", "SUPPORTED"]
 
 #: tensor_type → numpy dtype of the raw little-endian bytes in tensor_content
 NUMPY_OF: dict[str, np.dtype] = {
@@ -36,7 +36,3 @@ NAME_OF_TORCH: dict[str, str] = {
 }
 
 SUPPORTED = tuple(NUMPY_OF)
-
-
-def itemsize(name: str) -> int:
-    return NUMPY_OF[name].itemsize

@@ -73,8 +73,6 @@ class Bundle:
                     except ValueError as exc:
                         raise ValueError(f"{path}: line {number} is not JSON ({exc})") from None
 
-    def memory(self) -> list[dict[str, Any]]:
-        return self.events({"memory"})
 
 
 def _info(path: str, manifest: dict[str, Any]) -> BundleInfo:

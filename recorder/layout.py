@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "RINGS", "RING_OF", "SLOT",
+__all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "RINGS", "SLOT",
            "STRINGS_USED_AT", "VERSION", "Header", "Kind", "Region", "plan"]
 
 MAGIC = b"OBSRING\x01"
@@ -67,7 +67,6 @@ RINGS: dict[str, tuple[Kind, ...]] = {
     "memory": (Kind.MEMORY,),
     "collective": (Kind.COLLECTIVE,),
 }
-RING_OF = {kind: name for name, kinds in RINGS.items() for kind in kinds}
 
 #: slots per ring, and blob slots ("blob": prints, faults, settings changes, graphs, markers)
 DEFAULT_CAPACITY = {"step": 4096, "module": 65536, "op": 65536, "memory": 4096, "collective": 8192, "blob": 1024}

@@ -134,7 +134,7 @@ class Recorder:
             self._subs.append(bus.subscribe(Event.MODULE_EXIT, writer.exit))
             return
         pack, mm, base, cap, size, counter, seq, clock = self.ring.slots("module")
-        ids, intern = self.ring._strings, self.ring.intern
+        ids, intern = self.ring.ids, self.ring.intern
         enter_kind, exit_kind = int(Kind.MODULE_ENTER), int(Kind.MODULE_EXIT)
         me = self
 
@@ -161,7 +161,7 @@ class Recorder:
 
         from obs._core.internal import SUPPRESSION
 
-        ids, intern = self.ring._strings, self.ring.intern
+        ids, intern = self.ring.ids, self.ring.intern
         signatures: dict[tuple[Any, ...], tuple[int, int]] = {}
         tensor_type = torch.Tensor
         kind = int(Kind.OP)
@@ -203,7 +203,7 @@ class Recorder:
 
     def _slot_args(self, ring: str) -> tuple[Any, ...]:
         target = self.ring.slots(ring)
-        return (target.mm, target.base, target.capacity, target.counter, target.seq, self.ring._strings,
+        return (target.mm, target.base, target.capacity, target.counter, target.seq, self.ring.ids,
                 self.ring.intern)
 
     # -- low-rate events (blobs) --------------------------------------------------------------
@@ -287,11 +287,11 @@ class Recorder:
         corrupt or delete the parent's record.
         """
         self._unsubscribe()
-        self.ring._mm = None  # the child's copy of the map goes with the process; never unlink
+        self.ring.abandon()  # the child's copy of the map goes with the process; never unlink
 
     def close(self, *, clean_exit: bool = True, state: str = "exited") -> None:
         """Unsubscribe; a clean close removes the ring (nothing to recover) and marks the rank ``state``."""
-        if self.ring._mm is None:
+        if self.ring.closed:
             return
         self._unsubscribe()
         self.ring.close(remove=clean_exit)

@@ -75,13 +75,13 @@ class RingWriter:
                              rings, meta)
         encoded = self.header.encode()
         self._mm[:len(encoded)] = encoded
-        self._strings: dict[str, int] = {}
+        self.ids: dict[str, int] = {}  #: interned text → id (read by the hot paths; written by intern())
         self._strings_at = strings.offset
         self._strings_end = strings.offset + strings.capacity
         self._strings_lock = threading.Lock()
         self.seq = itertools.count(1)
         self._blob_idx = itertools.count(0)
-        self._blobs = blobs
+        self.blobs = blobs
         self._counters = {r.name: itertools.count(0) for r in rings}
         self.rings = {r.name: r for r in rings}
         self.intern("")  # id 0: no scope / unknown
@@ -89,11 +89,11 @@ class RingWriter:
     # -- strings ----------------------------------------------------------------------------
     def intern(self, text: str) -> int:
         """The id of ``text`` in the string table (appended on first use; -1 when the table is full)."""
-        sid = self._strings.get(text)
+        sid = self.ids.get(text)
         if sid is not None:
             return sid
         with self._strings_lock:
-            sid = self._strings.get(text)
+            sid = self.ids.get(text)
             if sid is not None:
                 return sid
             data = text.encode("utf-8", "surrogatepass")
@@ -105,8 +105,8 @@ class RingWriter:
             self._strings_at = at + 4 + len(data)
             # Published after the bytes: a crash in between leaves the entry invisible, never torn.
             _U64.pack_into(self._mm, STRINGS_USED_AT, self._strings_at - self.header.strings.offset)
-            sid = len(self._strings)
-            self._strings[text] = sid
+            sid = len(self.ids)
+            self.ids[text] = sid
             return sid
 
     # -- slots ------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ class RingWriter:
         """Append a small JSON record (prints, faults, settings, markers); long text is cut to fit."""
         data = _fit(payload, BLOB_SIZE - BLOB.size)
         idx = next(self._blob_idx)
-        at = self._blobs.offset + (idx % self._blobs.capacity) * BLOB_SIZE
+        at = self.blobs.offset + (idx % self.blobs.capacity) * BLOB_SIZE
         mm = self._mm
         BLOB.pack_into(mm, at, 0, time.perf_counter_ns(), int(kind), len(data), idx + 1)
         mm[at + BLOB.size:at + BLOB.size + len(data)] = data
@@ -141,6 +141,14 @@ class RingWriter:
     def buffer(self) -> mmap.mmap:
         """The live map (read it with :func:`recorder.ring_reader.read_ring`)."""
         return self._mm
+
+    def abandon(self) -> None:
+        """In a forked child: forget the parent's map without closing or unlinking anything."""
+        self._mm = None
+
+    @property
+    def closed(self) -> bool:
+        return self._mm is None
 
     def close(self, *, remove: bool) -> None:
         mm, self._mm = self._mm, None

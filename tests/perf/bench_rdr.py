@@ -89,9 +89,9 @@ def dump_full_rings(rounds: int) -> dict[str, float]:
                 "collective": Kind.COLLECTIVE}[region.name]
         for i in range(region.capacity):
             append(kind, 0, scopes[i % 64] if kind != Kind.OP else name, i, 1000, sig if kind == Kind.OP else 0)
-    for i in range(ring._blobs.capacity):
+    for i in range(ring.blobs.capacity):
         ring.blob(Kind.PRINT, {"values": ["loss", f"Float32[] {i}"], "step": i, "source": "train.py:1"})
-    events = sum(r.capacity for r in ring.rings.values()) + ring._blobs.capacity
+    events = sum(r.capacity for r in ring.rings.values()) + ring.blobs.capacity
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
