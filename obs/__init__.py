@@ -12,19 +12,19 @@ from obs import device_context, ops, rdr
 from obs._core.errors import DeviceUnavailableError, ObsConfigError, ObsError
 from obs._core.events import Event, EventBus, HookValidationError, Subscription, bus
 from obs._core.internal import internal_error_counts
-from obs.runtime import _activation
 from obs.printing import Print
 from obs.printing import feature as _print_feature
+from obs.runtime import _activation
 from obs.runtime._torch_settings import TorchSettings
 from obs.runtime.steps import step, steps
 from obs.settings import _env_feature
 from obs.settings._context import get_context, register_applier, reset_context, set_context
 from obs.settings._env_feature import ObsConfigWarning, env_config
 from obs.settings.context_options import COMPATIBLE, DEBUG, GRAPH_MODE, LAX, PYNATIVE_MODE, RELEASE, STRICT
-from printsink.reader import parse_print
 from obs.settings.parallel import (ParallelMode, get_auto_parallel_context, get_ps_context, rank,
                                    reset_auto_parallel_context, reset_ps_context, set_auto_parallel_context,
                                    set_ps_context, world_size)
+from printsink.reader import parse_print
 
 __version__ = "0.1.0"
 
@@ -32,7 +32,8 @@ __all__ = [
     "COMPATIBLE", "DEBUG", "DeviceUnavailableError", "Event", "EventBus", "GRAPH_MODE", "HookValidationError", "LAX",
     "ObsConfigError", "ObsConfigWarning", "ObsError", "PYNATIVE_MODE", "Print", "ParallelMode", "RELEASE", "STRICT",
     "Subscription", "__version__", "bus", "compile", "device", "device_context", "env_config",
-    "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "ops", "parse_print", "rank", "rdr",
+    "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "ops", "parse_print",
+    "rank", "rdr",
     "reset_auto_parallel_context", "reset_context", "reset_ps_context", "set_auto_parallel_context",
     "set_context", "set_ps_context", "step", "steps", "subscribe", "world_size",
 ]

@@ -39,6 +39,7 @@ def run_demo(steps: int, fail_at: int | None = None) -> DemoResult:
     import torch
 
     import obs
+    from obs.runtime.steps import tracker
     from obs.runtime.torch import adapter
     from obs.settings._context import snapshot
 
@@ -46,18 +47,14 @@ def run_demo(steps: int, fail_at: int | None = None) -> DemoResult:
         raise ValueError(f"--steps must be at least 1 (got {steps})")
     torch.manual_seed(0)
     dev = obs.device()
+
     class Fail(torch.nn.Module):
         """Passes its input through; raises at step ``fail_at`` (an injected fault for the RDR tour)."""
 
         def forward(self, h: Any) -> Any:
-            if fail_at is not None and obs_step() == fail_at:
+            if fail_at is not None and tracker.step == fail_at:
                 raise DemoFailure(f"injected failure at step {fail_at} (obs demo --fail-at)")
             return h
-
-    from obs.runtime.steps import tracker
-
-    def obs_step() -> int:
-        return tracker.step
 
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), Fail(), torch.nn.Linear(64, 4)).to(dev)
     model = obs.compile(model, backend="eager")

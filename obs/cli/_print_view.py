@@ -14,7 +14,7 @@ import numpy as np
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.text import Text
 
-from obs.cli._render import console, error
+from obs.cli._render import console, err_console, error
 from printsink.dtypes import NAME_OF_NUMPY
 from printsink.reader import PrintCall, PrintFileError, PrintFileWarning, TruncatedPrintFile, follow_print, iter_print
 from printsink.screen import format_array
@@ -71,17 +71,11 @@ def _render_value(value: Any) -> Text:
 
 def _with_progress(calls: Iterator[PrintCall], size: int) -> Iterator[PrintCall]:
     columns = (TextColumn("reading"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    with Progress(*columns, console=console_err(), transient=True) as progress:
+    with Progress(*columns, console=err_console(), transient=True) as progress:
         task = progress.add_task("read", total=size)
         for call in calls:
             progress.update(task, completed=call.end)
             yield call
-
-
-def console_err() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True)
 
 
 def run_print(path: str, *, follow: bool, as_json: bool, partial: bool, poll_s: float = 0.25) -> int:
@@ -98,7 +92,7 @@ def run_print(path: str, *, follow: bool, as_json: bool, partial: bool, poll_s: 
             warnings.simplefilter("always", PrintFileWarning)
             _show(calls, out, as_json=as_json, follow=follow)
         for warning in caught:
-            console_err().print(f"[yellow]obs: warning:[/] {warning.message}", soft_wrap=True, highlight=False)
+            err_console().print(f"[yellow]obs: warning:[/] {warning.message}", soft_wrap=True, highlight=False)
     except TruncatedPrintFile as exc:
         error(f"{exc.fact}; `obs print --partial` shows the complete ones")
         return 1

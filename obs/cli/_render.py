@@ -8,15 +8,19 @@ from typing import Any
 
 from rich.console import Console
 
-__all__ = ["console", "error", "print_json"]
+__all__ = ["console", "err_console", "error", "print_json"]
 
 
 def console() -> Console:
     return Console(highlight=False)
 
 
+def err_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
 def error(message: str) -> None:
-    Console(stderr=True, highlight=False).print(f"[bold red]obs: error:[/] {message}", markup=True,
+    err_console().print(f"[bold red]obs: error:[/] {message}", markup=True,
                                                 soft_wrap=True)
 
 
