@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -46,7 +47,7 @@ def test_every_kind_round_trips(ring):
     assert [e["seq"] for e in events] == list(range(1, 9))
     h = contents.header
     assert (h.pid, h.rank, h.world_size, h.meta["run_id"]) == (4242, 3, 8, "abc")
-    assert abs(h.wall(events[0]["t"] - h.wall_ns + h.mono_ns) - events[0]["t"]) < 1e9
+    assert abs(events[0]["t"] - time.time_ns()) < 5e9  # slot clocks are turned into wall time
     assert contents.summary()["last_op"]["name"] == "addmm" and contents.summary()["step"] == 7
 
 
