@@ -96,47 +96,86 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _exit_code(exc: BaseException) -> int:
+    """DESIGN §7: a damaged file of ours is 1 (a check found a problem); every other input error is 2."""
+    from obs._core.errors import DamagedFileError
+
+    return EXIT_FAILURE if isinstance(exc, DamagedFileError) else EXIT_USAGE
+
+
+def _quiet_closed_pipe() -> int:
+    """``obs ... | head``: the reader left; stop writing without a word, as Unix tools do."""
+    import os
+    import sys
+
     try:
-        if args.command == "options":
-            from obs.cli._options_view import run_options
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_OK
 
-            return run_options(args.table, as_json=args.json)
-        if args.command == "config":
-            from obs.cli._config_view import run_check
 
-            return run_check(args.file, as_json=args.json)
-        if args.command == "print":
-            from obs.cli._print_view import run_print
+def main(argv: Sequence[str] | None = None) -> int:
+    import sys
 
-            return run_print(args.file, follow=args.follow, as_json=args.json, partial=args.partial)
-        if args.command == "rdr":
-            from obs.cli import _rdr_view as view
-
-            if args.rdr_command == "ls":
-                return view.run_ls(args.path, as_json=args.json)
-            if args.rdr_command == "show":
-                return view.run_show(args.bundle, last=args.last, as_json=args.json)
-            if args.rdr_command == "events":
-                return view.run_events(args.bundle, kinds=args.kind, last=args.last, as_json=args.json)
-            return view.run_recover(args.path, as_json=args.json)
-        if args.command == "run":
-            from obs.cli._run import run_script
-
-            return run_script(args.script, args.args, config=args.config, sets=args.sets)
-        if args.command == "demo":
-            from obs.cli._demo import run_demo_command
-
-            return run_demo_command(args.steps, config=args.config, sets=args.sets, as_json=args.json,
-                                    fail_at=args.fail_at)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --traceback is accepted anywhere before the script of `obs run` (whose own arguments are its own).
+    cut = next((i for i, a in enumerate(argv) if a in ("run",)), len(argv))
+    script_at = next((i for i in range(cut + 1, len(argv)) if not argv[i].startswith("-")), len(argv))
+    show_traceback = "--traceback" in argv[:script_at]
+    argv = [a for i, a in enumerate(argv) if not (a == "--traceback" and i < script_at)]
+    parser = build_parser()
+    if not argv:
+        parser.print_help()
+        return EXIT_OK
+    args = parser.parse_args(argv)
+    args.traceback = show_traceback
+    try:
+        return _dispatch(args)
+    except BrokenPipeError:
+        return _quiet_closed_pipe()
+    except KeyboardInterrupt:
+        return 130
     except (ValueError, TypeError, OSError) as exc:
         if args.traceback:
             raise
         from obs.cli._render import error
 
         error(str(exc))
-        return EXIT_USAGE
-    parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first
-    return EXIT_USAGE
+        return _exit_code(exc)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "options":
+        from obs.cli._options_view import run_options
+
+        return run_options(args.table, as_json=args.json)
+    if args.command == "config":
+        from obs.cli._config_view import run_check
+
+        return run_check(args.file, as_json=args.json)
+    if args.command == "print":
+        from obs.cli._print_view import run_print
+
+        return run_print(args.file, follow=args.follow, as_json=args.json, partial=args.partial)
+    if args.command == "rdr":
+        from obs.cli import _rdr_view as view
+
+        if args.rdr_command == "ls":
+            return view.run_ls(args.path, as_json=args.json)
+        if args.rdr_command == "show":
+            return view.run_show(args.bundle, last=args.last, as_json=args.json)
+        if args.rdr_command == "events":
+            return view.run_events(args.bundle, kinds=args.kind, last=args.last, as_json=args.json)
+        return view.run_recover(args.path, as_json=args.json)
+    if args.command == "run":
+        from obs.cli._run import run_script
+
+        return run_script(args.script, args.args, config=args.config, sets=args.sets)
+    if args.command == "demo":
+        from obs.cli._demo import run_demo_command
+
+        return run_demo_command(args.steps, config=args.config, sets=args.sets, as_json=args.json,
+                                fail_at=args.fail_at)
+    raise AssertionError(f"unknown command {args.command!r}")  # argparse rejects it first

@@ -1,28 +1,83 @@
-"""Shared rendering helpers: one console per stream, plain errors, JSON out."""
+"""Shared rendering helpers (DESIGN §7): one console per stream, never-wrapped paths, escaped text, JSON out.
+
+- :func:`console` / :func:`err_console`: on a terminal, rich's own width; piped or redirected, a width
+  so large that nothing is wrapped or cut (paths and commands stay pasteable, ``grep`` sees whole lines).
+- :func:`clean` escapes control characters of text read from files (Print strings, stacks, reasons)
+  so that a file cannot drive the terminal; use it on everything a file supplies before rendering.
+- :func:`print_json` writes one JSON document; :func:`print_json_lines` a stream of records, one per line.
+- :func:`say_written` tells, on stderr, which files a command wrote.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
 
-__all__ = ["console", "err_console", "error", "print_json"]
+__all__ = ["WIDE", "clean", "console", "err_console", "error", "print_json", "print_json_lines", "say_written",
+           "warning"]
+
+WIDE = 100_000  #: the width used off a terminal: wide enough that rich never wraps a line
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_ALL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _width(stream: Any) -> int | None:
+    if stream.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else WIDE
 
 
 def console() -> Console:
-    return Console(highlight=False)
+    return Console(highlight=False, width=_width(sys.stdout), soft_wrap=not sys.stdout.isatty())
 
 
 def err_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, width=_width(sys.stderr), soft_wrap=not sys.stderr.isatty())
+
+
+def clean(text: Any, *, newlines: bool = True) -> str:
+    """``text`` with control characters shown as ``\\xNN`` (newlines and tabs kept when ``newlines``)."""
+    pattern = _CONTROL if newlines else _CONTROL_ALL
+    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
 
 
 def error(message: str) -> None:
-    err_console().print(f"[bold red]obs: error:[/] {message}", markup=True,
-                                                soft_wrap=True)
+    err_console().print(f"[bold red]obs: error:[/] {_markup_safe(clean(message))}", markup=True, soft_wrap=True)
+
+
+def warning(message: str) -> None:
+    err_console().print(f"[yellow]obs: warning:[/] {_markup_safe(clean(message))}", markup=True, soft_wrap=True)
+
+
+def say_written(what: str, path: str) -> None:
+    """``obs: wrote <what>: <path>`` on stderr, the path whole."""
+    err_console().print(f"[dim]obs:[/] wrote {what}: {_markup_safe(clean(path, newlines=False))}", markup=True,
+                        soft_wrap=True)
 
 
 def print_json(data: Any) -> None:
+    """One JSON document (a single object)."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def print_json_lines(records: Iterable[Any]) -> int:
+    """A stream of records as JSON lines, flushed as they come; returns how many."""
+    count = 0
+    for record in records:
+        sys.stdout.write(json.dumps(record, default=str, separators=(",", ":")) + "\n")
+        count += 1
+    sys.stdout.flush()
+    return count
+
+
+def _markup_safe(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

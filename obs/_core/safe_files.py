@@ -1,0 +1,136 @@
+"""Create and open obs's files and folders safely: the one place every writer and reader goes through.
+
+The rules (DESIGN §6): folders 0700, files 0600; the final component is opened with
+``O_EXCL|O_NOFOLLOW`` (never through a symlink, never over a file someone planted); temporary
+files get unpredictable names; a symlink is never followed inside a folder that other users can
+write to (a shared ``/tmp``).  Readers of obs's own folders open with ``O_NOFOLLOW`` and take only
+regular files owned by the current user.
+
+Every refusal is an :class:`~obs._core.errors.UnsafePathError` naming the path and the reason.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from typing import Union
+
+from obs._core.errors import UnsafePathError
+
+__all__ = ["DIR_MODE", "FILE_MODE", "create_file", "ensure_dir", "open_private", "read_private", "temp_path",
+           "write_atomic"]
+
+DIR_MODE, FILE_MODE = 0o700, 0o600
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def _others_can_write(folder_stat: os.stat_result) -> bool:
+    return bool(folder_stat.st_mode & _OTHERS_WRITE)
+
+
+def ensure_dir(path: str) -> str:
+    """Create ``path`` and every missing parent 0700; returns ``path``.
+
+    Existing folders are kept as they are.  A component that is a symlink is followed only when the
+    folder holding it is writable by its owner alone; anything else that is not a folder raises.
+    """
+    path = os.path.abspath(path)
+    parts = [p for p in path.split(os.sep) if p]
+    current = os.sep
+    for name in parts:
+        parent = current
+        current = os.path.join(current, name)
+        try:
+            info = os.lstat(current)
+        except FileNotFoundError:
+            try:
+                os.mkdir(current, DIR_MODE)
+                continue
+            except FileExistsError:  # created by another process in between: check what it is
+                info = os.lstat(current)
+        if stat.S_ISLNK(info.st_mode):
+            if _others_can_write(os.stat(parent)):
+                raise UnsafePathError(f"refusing to follow the symlink {current!r}: it sits in {parent!r}, a folder "
+                                      "other users can write to (anyone there could have planted it); use the real "
+                                      f"folder {os.path.realpath(current)!r} instead", path=current)
+            info = os.stat(current)
+        if not stat.S_ISDIR(info.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, f"{current!r} is not a folder (needed for {path!r})")
+    return path
+
+
+def create_file(path: str, *, append: bool = False, read: bool = False) -> int:
+    """Create ``path`` (0600) and return its descriptor; it must not exist yet (``O_EXCL``), and the final
+    component is never a symlink (``O_NOFOLLOW``).  Missing folders are created by :func:`ensure_dir`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    ensure_dir(folder)
+    flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    if append:
+        flags |= os.O_APPEND
+    return os.open(path, flags, FILE_MODE)
+
+
+def temp_path(path: str) -> str:
+    """An unpredictable sibling name for writing ``path`` before renaming it into place."""
+    folder, base = os.path.split(path)
+    return os.path.join(folder, f".{base}.tmp-{secrets.token_hex(8)}")
+
+
+def write_atomic(path: str, data: Union[bytes, str], *, fsync: bool = True) -> None:
+    """Replace ``path`` with ``data`` through a fresh temporary file and a rename (readers see old or new)."""
+    tmp = temp_path(path)
+    fd = create_file(tmp)
+    try:
+        view = memoryview(data.encode() if isinstance(data, str) else data)
+        while view:
+            view = view[os.write(fd, view):]
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def open_private(path: str, *, owned: bool = True) -> int:
+    """Open ``path`` read-only for a reader of obs's folders: never through a symlink, only a regular file,
+    and (``owned``) only one that belongs to the current user.  Returns the descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(f"refusing to read {path!r}: it is a symlink", path=path) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafePathError(f"refusing to read {path!r}: not a regular file", path=path)
+        if owned and info.st_uid != os.geteuid():
+            raise UnsafePathError(f"refusing to read {path!r}: it belongs to uid {info.st_uid}, not to this user "
+                                  f"(uid {os.geteuid()})", path=path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_private(path: str, *, limit: int | None = None, owned: bool = True) -> bytes:
+    """The bytes of ``path`` opened by :func:`open_private`; at most ``limit`` bytes when given."""
+    fd = open_private(path, owned=owned)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read() if limit is None else fh.read(limit)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
