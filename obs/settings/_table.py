@@ -82,7 +82,8 @@ class OptionTable(Mapping[str, Option]):
     def validate(self, kwargs: Mapping[str, Any], *, source: str, device: str | None = None) -> Validated:
         """Check every key of one call; raise on the first bad one, before anything is applied.
 
-        ``None`` as a value means "back to the default".  Keys scoped to devices other than
+        ``None`` as a value means "back to the default", and so does the default itself where the
+        validator would refuse it (``''`` for an unset path): ``set_context(k=get_context(k))`` always works.  Keys scoped to devices other than
         ``device`` are validated, then dropped with a warning (sub-keys of dict options too).
         """
         values: dict[str, Any] = {}
@@ -96,7 +97,13 @@ class OptionTable(Mapping[str, Option]):
             if raw is None:
                 unset.append(key)
                 continue
-            value = row.check(raw, key)
+            try:
+                value = row.check(raw, key)
+            except (ValueError, TypeError):
+                if _is_default(raw, row.default):  # what get_context returns is always accepted back
+                    unset.append(key)
+                    continue
+                raise
             if row.deprecated is not None:
                 notes.append((f"{source}: '{key}' is deprecated; {row.deprecated}", DeprecationWarning))
             if device is not None and row.devices is not None and device not in row.devices:
@@ -110,6 +117,10 @@ class OptionTable(Mapping[str, Option]):
                                   f"{device!r}; they are ignored", UserWarning))
             values[key] = value
         return Validated(values, tuple(unset), tuple(notes))
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and value == default
 
 
 def _drop_foreign_subkeys(check: Dict, value: dict[str, Any], device: str) -> tuple[dict[str, Any], list[str]]:

@@ -149,11 +149,18 @@ class Size(Validator):
     strictly_positive: bool = True
 
     def __call__(self, value: Any, name: str) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # A number of GB: what get_context returns (the originals store float GB), accepted back.
+            if not 0 <= value < float("inf"):
+                raise fail(name, "a finite number of GB >= 0 or a size string like '3.5GB'", value)
+            return self._bounded(float(value), name, value)
         if not isinstance(value, str):
-            raise type_fail(name, "a size string like '3.5GB'", value)
+            raise type_fail(name, "a size string like '3.5GB' (or a number of GB)", value)
         if not _SIZE_RE.fullmatch(value):
             raise fail(name, "a size string like '3.5GB' (digits, optional decimals, then 'GB')", value)
-        gb = float(value[:-2])
+        return self._bounded(float(value[:-2]), name, value)
+
+    def _bounded(self, gb: float, name: str, value: Any) -> float:
         if self.strictly_positive and gb == 0:
             raise fail(name, "a size greater than 0GB", value)
         if gb < self.min_gb or (self.max_gb is not None and gb > self.max_gb):
@@ -162,7 +169,7 @@ class Size(Validator):
         return gb
 
     def describe(self) -> str:
-        return "size str like '3.5GB'"
+        return "size str like '3.5GB' | float GB"
 
 
 @dataclass(frozen=True)

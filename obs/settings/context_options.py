@@ -183,7 +183,7 @@ CONTEXT_OPTIONS = OptionTable("set_context", [
            deprecated="use torch.autocast; " + _NO_EFFECT),
     Option("enable_profiling", Bool(), False, "Turn the profiler on."),
     Option("profiling_options", ProfilingOptions(), "training_trace", "Profiler options as JSON text."),
-    Option("auto_tune_mode", Choice(("NO_TUNE", "RL", "GA", "RL,GA")), "NO_TUNE", "Old auto-tuning mode.",
+    Option("auto_tune_mode", Choice(("NO_TUNE", "RL", "GA", "RL,GA", "GA,RL")), "NO_TUNE", "Old auto-tuning mode.",
            deprecated="use 'aoe_tune_mode' instead"),
     Option("enable_sparse", Bool(), False, "Sparse tensors.", deprecated=_NO_EFFECT),
 ], moved={key: "ascend_config" for key in _ASCEND_CONFIG.schema} | {"conv_fprop_algo": "gpu_config",
