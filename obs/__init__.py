@@ -6,7 +6,7 @@ commands that need them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from obs import device_context, ops, rdr
 from obs._core.errors import DeviceUnavailableError, ObsConfigError, ObsError
@@ -39,7 +39,12 @@ __all__ = [
 ]
 
 
-def subscribe(event: Event, handler: Any) -> Subscription:
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+
+def subscribe(event: Event, handler: Callable[..., Any]) -> Subscription:
     """Call ``handler(*args)`` on every ``event`` (see :class:`Event` for the arguments); returns a handle."""
     return bus.subscribe(event, handler)
 
@@ -48,11 +53,16 @@ _LAZY = {"device": "obs.runtime.torch", "compile": "obs.runtime.torch"}
 
 
 def __getattr__(name: str) -> Any:
+    """``obs.compile`` and ``obs.device`` load the PyTorch adapter on first use (``import obs`` stays light)."""
     if name in _LAZY:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'obs' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 register_applier(_env_feature.feature)
@@ -61,3 +71,5 @@ register_applier(_print_feature)
 register_applier(rdr.feature)
 _activation.install()
 rdr.start_from_environment()
+
+del annotations, TYPE_CHECKING  # the public namespace holds obs's names only

@@ -43,3 +43,20 @@ def test_import_obs_does_not_import_torch_opentelemetry_or_rich():
             "print(sorted(m for m in ('torch', 'rich', 'opentelemetry', 'watchdog') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_dir_lists_the_lazy_names_and_no_leaked_helpers():
+    names = dir(obs)
+    assert {"compile", "device"} <= set(names)
+    assert set(OBS_ALL) <= set(names)
+    for leaked in ("Any", "annotations", "TYPE_CHECKING"):
+        assert not hasattr(obs, leaked), leaked
+
+
+def test_each_event_member_documents_its_own_arguments():
+    import pydoc
+
+    for event in obs.Event:
+        assert event.__doc__.startswith(f"{event.name}({', '.join(event.spec.args)}): ")
+        assert event.spec.doc in event.__doc__
+    assert "duration_ns` is wall time" in pydoc.render_doc(obs.Event.STEP_END, renderer=pydoc.plaintext)

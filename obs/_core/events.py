@@ -66,6 +66,11 @@ class Event(enum.Enum):
         return self.value  # type: ignore[no-any-return]
 
 
+for _member in Event:  # help(obs.Event.STEP_END) shows the event's own contract
+    _member.__doc__ = f"{_member.name}({', '.join(_member.value.args)}): {_member.value.doc}"
+del _member
+
+
 class HookValidationError(TypeError):
     """A handler cannot accept the arguments of the event it subscribes to."""
 
