@@ -39,7 +39,11 @@ def _settings_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="obs", description="Observability and debugging runtime for PyTorch "
                                      "training.")
-    parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of obs's own errors")
+    from obs import __version__
+
+    parser.add_argument("--version", action="version", version=f"obs {__version__}")
+    parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of obs's own errors "
+                        "(accepted anywhere on the line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -83,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("run", help="run a Python script with obs settings applied (like python -m cProfile)")
+    p.set_defaults(usage_error=p.error)
     _settings_arguments(p)
-    p.add_argument("script", help="the training script")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
+    p.add_argument("script", nargs="?", help="the training script (obs options go before it)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script (optional)")
 
     p = sub.add_parser("demo", help="train a small model on synthetic data with the configured features")
     _settings_arguments(p)
@@ -142,8 +147,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         from obs.cli._render import error
 
-        error(str(exc))
+        error(_message(exc))
         return _exit_code(exc)
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)`` without the ``[Errno N]`` prefix of OSErrors, with the file name where one is known."""
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, (ValueError, TypeError)):
+        if exc.filename is not None and str(exc.filename) not in exc.strerror:
+            return f"{exc.filename}: {exc.strerror}"
+        return exc.strerror
+    return str(exc)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -172,6 +186,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from obs.cli._run import run_script
 
+        if args.script is None:
+            args.usage_error("a script to run is required: obs run [--config FILE] [--set KEY=VALUE] "
+                                        "SCRIPT [ARGS...]")
         return run_script(args.script, args.args, config=args.config, sets=args.sets)
     if args.command == "demo":
         from obs.cli._demo import run_demo_command

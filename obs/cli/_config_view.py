@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
 from rich.table import Table
 
-from obs._core.errors import ObsConfigError
-from obs.cli._render import console, error, print_json
-from obs.settings.env_config import EnvConfig, load_file, resolve
+from obs.cli._render import clean, console, err_console, print_json
+from obs.settings.env_config import ConfigFileError, EnvConfig, load_file, resolve
 
 __all__ = ["describe", "run_check"]
 
@@ -29,13 +29,25 @@ def describe(cfg: EnvConfig) -> list[str]:
 
 
 def run_check(path: str, *, as_json: bool) -> int:
+    """Exit 0 valid, 1 the file has problems (all listed), 2 no such file (bad input)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"env config file {path!r} does not exist")
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"env config file {path!r} is a folder, not a JSON file")
     try:
         cfg = resolve(load_file(path), os.environ)
-    except ObsConfigError as exc:
+    except ConfigFileError as exc:
         if as_json:
-            print_json({"file": path, "valid": False, "error": str(exc), "key": exc.option})
+            print_json({"file": path, "valid": False, "problems": [
+                {"key": p.key, "message": p.message, "value": p.value} for p in exc.problems]})
         else:
-            error(str(exc))
+            err = err_console()
+            count = len(exc.problems)
+            err.print(f"[bold red]obs: {clean(path)} is invalid[/] ({count} problem{'s' * (count != 1)}):",
+                      markup=True)
+            for problem in exc.problems:
+                text = problem.message if problem.key else f"the file {problem.message}"
+                err.print(f"  [red]✗[/] {_escape(text)}", markup=True)
         return 1
     if as_json:
         data: dict[str, Any] = {"file": path, "valid": True, "settings": cfg.as_dict(),
@@ -53,3 +65,9 @@ def run_check(path: str, *, as_json: bool) -> int:
     for line in describe(cfg):
         out.print(f"• {line}")
     return 0
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(clean(text))

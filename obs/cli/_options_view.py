@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.table import Table
@@ -32,6 +33,9 @@ def run_options(which: str, *, as_json: bool) -> int:
     if as_json:
         print_json({name: _rows(table) for name, table in selected.items()})
         return 0
+    if not sys.stdout.isatty():
+        _plain(selected)
+        return 0
     out = console()
     for name, table in selected.items():
         view = Table(title=f"{name} ({table.title})", title_justify="left", show_lines=False, expand=False)
@@ -46,3 +50,18 @@ def run_options(which: str, *, as_json: bool) -> int:
             view.add_row(row["name"], row["type"], repr(row["default"]), row["devices"], meaning)
         out.print(view)
     return 0
+
+
+def _plain(selected: dict[str, OptionTable]) -> None:
+    """Off a terminal: one tab-separated line per option (table, name, type, default, devices, meaning), for grep
+    and cut; nothing is wrapped or cut."""
+    write = sys.stdout.write
+    write("table\tname\ttype\tdefault\tdevices\tmeaning\n")
+    for name, table in selected.items():
+        for row in _rows(table):
+            meaning = row["meaning"]
+            if row["pytorch"]:
+                meaning += f" PyTorch: {row['pytorch']}"
+            if row["deprecated"]:
+                meaning += f" Deprecated: {row['deprecated']}"
+            write("\t".join((name, row["name"], row["type"], repr(row["default"]), row["devices"], meaning)) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import sys
@@ -22,14 +23,30 @@ def apply_settings(config: str | None, sets: list[tuple[str, Any]]) -> None:
         obs.set_context(**kwargs)
 
 
+def say_what_obs_wrote() -> None:
+    """At exit, after obs's own exit work (a mode-2 bundle, the last fsync): where its files are, on stderr."""
+    from obs._core.outputs import written
+
+    items = written()
+    if not items:
+        return
+    from obs.cli._render import say_written
+
+    for kind, path in items:
+        say_written(kind, path)
+
+
 def run_script(script: str, args: list[str], *, config: str | None, sets: list[tuple[str, Any]]) -> int:
     if not os.path.isfile(script):
         raise FileNotFoundError(f"script {script!r} does not exist")
+    # Registered first, so it runs last: after the recorder's and the print sink's own exit handlers.
+    atexit.register(say_what_obs_wrote)
     apply_settings(config, sets)
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    path = os.path.abspath(script)  # as `python script.py` sets __file__
+    sys.path.insert(0, os.path.dirname(path))
     try:
-        runpy.run_path(script, run_name="__main__")
+        runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
         code = exc.code
         if code is None:

@@ -7,9 +7,12 @@ raise :class:`ObsConfigTypeError` (a TypeError), everything else :class:`ObsConf
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,16 +20,46 @@ from obs._core.errors import ObsConfigError, ObsConfigTypeError
 
 __all__ = [
     "Bool", "Choice", "Dict", "ExistingFile", "Int", "Mapped", "SaveGraphsLevel", "Size", "Str",
-    "Validator", "did_you_mean", "fail", "type_fail",
+    "Validator", "did_you_mean", "fail", "json_words", "show", "type_fail",
 ]
+
+_JSON_WORDS: contextvars.ContextVar[bool] = contextvars.ContextVar("obs_json_words", default=False)
+_JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object",
+               type(None): "null"}
+
+
+@contextlib.contextmanager
+def json_words() -> Iterator[None]:
+    """Inside: messages show values as JSON writes them (``true``, ``null``, ``"x"``), for JSON files."""
+    token = _JSON_WORDS.set(True)
+    try:
+        yield
+    finally:
+        _JSON_WORDS.reset(token)
+
+
+def show(value: Any) -> str:
+    """A value in a message: its ``repr`` (or its JSON form inside :func:`json_words`), cut to ~80 characters."""
+    if _JSON_WORDS.get():
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):
+            text = repr(value)
+    else:
+        text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}…[{len(text)} chars]"
+
+
+def _type_word(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__) if _JSON_WORDS.get() else type(value).__name__
 
 
 def fail(name: str, expectation: str, value: Any) -> ObsConfigError:
-    return ObsConfigError(f"'{name}' must be {expectation} (got {value!r})", option=name, value=value)
+    return ObsConfigError(f"'{name}' must be {expectation} (got {show(value)})", option=name, value=value)
 
 
 def type_fail(name: str, expectation: str, value: Any) -> ObsConfigTypeError:
-    return ObsConfigTypeError(f"'{name}' must be {expectation} (got {value!r} of type {type(value).__name__})",
+    return ObsConfigTypeError(f"'{name}' must be {expectation} (got {show(value)} of type {_type_word(value)})",
                               option=name, value=value)
 
 
@@ -34,7 +67,7 @@ def did_you_mean(name: str, candidates: list[str] | tuple[str, ...]) -> str:
     import difflib
 
     close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return f"; did you mean {' or '.join(show(c) for c in close)}?" if close else ""
 
 
 class Validator:
@@ -51,7 +84,7 @@ class Validator:
 class Bool(Validator):
     def __call__(self, value: Any, name: str) -> bool:
         if not isinstance(value, bool):
-            raise type_fail(name, "a bool (True or False)", value)
+            raise type_fail(name, "true or false" if _JSON_WORDS.get() else "a bool (True or False)", value)
         return value
 
     def describe(self) -> str:
@@ -109,10 +142,10 @@ class Choice(Validator):
     def __call__(self, value: Any, name: str) -> Any:
         types = {type(v) for v in self.values}
         if isinstance(value, bool) and bool not in types or not isinstance(value, tuple(types)):
-            raise type_fail(name, f"one of {list(self.values)}", value)
+            raise type_fail(name, f"one of {show(list(self.values))}", value)
         if value not in self.values:
             hint = did_you_mean(value, [str(v) for v in self.values]) if isinstance(value, str) else ""
-            raise ObsConfigError(f"'{name}' must be one of {list(self.values)} (got {value!r}){hint}",
+            raise ObsConfigError(f"'{name}' must be one of {show(list(self.values))} (got {show(value)}){hint}",
                                  option=name, value=value)
         return value
 
@@ -227,7 +260,7 @@ class Dict(Validator):
         for key, sub in value.items():
             if key not in self.schema:
                 raise ObsConfigError(
-                    f"'{name}' has no key {key!r}{did_you_mean(str(key), tuple(self.schema))} "
+                    f"'{name}' has no key {show(key)}{did_you_mean(str(key), tuple(self.schema))} "
                     f"(its keys are {sorted(self.schema)})", option=name, value=value)
             out[key] = self.schema[key](sub, f"{name}.{key}")
         return out

@@ -13,10 +13,11 @@ from typing import Any
 
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
 from obs.settings._table import Option, OptionTable
-from obs.settings._validators import Bool, Choice, Dict, Int, Str, did_you_mean
+from obs.settings._validators import Bool, Choice, Dict, Int, Str, did_you_mean, json_words, show
 from recorder.layout import DEFAULT_CAPACITY
 
-__all__ = ["ENV_VARS", "SECTIONS", "EnvConfig", "load_file", "parse_env", "parse_text", "resolve"]
+__all__ = ["ENV_VARS", "SECTIONS", "ConfigFileError", "EnvConfig", "Problem", "load_file", "parse_env", "parse_text",
+           "resolve"]
 
 _RING_DEFAULTS = DEFAULT_CAPACITY  # slots per ring of the recorder
 
@@ -70,48 +71,125 @@ class ParsedFile:
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _err(path: str, message: str, key: str = "", value: Any = None) -> ObsConfigError:
-    return ObsConfigError(f"env config file {path}: {message}", option=key, value=value, source=path)
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in a file: the key (``section.key``, or ``""`` for the file as a whole) and why."""
+
+    key: str
+    message: str
+    value: Any = None
+
+
+class ConfigFileError(ObsConfigError):
+    """Everything wrong with one env config file at once (``problems``); the message lists them all."""
+
+    def __init__(self, path: str, problems: list[Problem]) -> None:
+        if len(problems) == 1:
+            message = f"env config file {path}: {problems[0].message}"
+        else:
+            message = f"env config file {path} has {len(problems)} problems:" + "".join(
+                f"\n  - {p.message}" for p in problems)
+        first = problems[0]
+        super().__init__(message, option=first.key, value=first.value, source=path)
+        self.path = path
+        self.problems = problems
+
+
+def _err(path: str, message: str, key: str = "", value: Any = None) -> ConfigFileError:
+    return ConfigFileError(path, [Problem(key, message, value)])
+
+
+def _no_duplicates(found: list[str]):  # noqa: ANN202 - a json object_pairs_hook
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                found.append(key)
+            out[key] = value
+        return out
+
+    return hook
 
 
 def parse_text(text: str, path: str) -> ParsedFile:
-    """Validate a file's text as a whole; the first problem raises :class:`ObsConfigError`."""
+    """Validate a file's text as a whole; every problem found is reported in one :class:`ConfigFileError`."""
+    duplicates: list[str] = []
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_no_duplicates(duplicates))
     except json.JSONDecodeError as exc:
-        raise _err(path, f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise _err(path, f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+                         f"(byte offset {exc.pos})") from None
+    except RecursionError:
+        raise _err(path, "is nested too deeply to be an env config file (it holds sections of plain keys)") from None
     if not isinstance(data, dict):
-        raise _err(path, f"must hold a JSON object of sections {sorted(SECTIONS)} (got {type(data).__name__})")
+        raise _err(path, f"must hold a JSON object of sections {show_json(sorted(SECTIONS))} "
+                         f"(got a JSON {_json_type(data)})")
+    problems = [Problem(key, f"key {show_json(key)} is given more than once (JSON objects need unique keys; "
+                             "which one should win is ambiguous)", key) for key in dict.fromkeys(duplicates)]
     out: dict[str, dict[str, Any]] = {}
-    for name, body in data.items():
-        if name not in SECTIONS:
-            raise _err(path, f"unknown section {name!r}{did_you_mean(name, tuple(SECTIONS))} "
-                             f"(sections are {sorted(SECTIONS)})", key=name)
-        if not isinstance(body, dict):
-            raise _err(path, f"section '{name}' must be a JSON object (got {body!r})", key=name, value=body)
-        body = _apply_aliases(name, body, path)
-        table = SECTIONS[name]
-        values: dict[str, Any] = {}
-        for key, raw in body.items():
-            if key not in table:
-                raise _err(path, f"section '{name}' has no key {key!r}{did_you_mean(key, tuple(table))} "
-                                 f"(its keys are {sorted(table)})", key=f"{name}.{key}")
-            if raw is None:
+    with json_words():
+        for name, body in data.items():
+            if name not in SECTIONS:
+                problems.append(Problem(name, f"unknown section {show(name)}{did_you_mean(name, tuple(SECTIONS))} "
+                                              f"(sections are {show(sorted(SECTIONS))})", name))
+                continue
+            if not isinstance(body, dict):
+                problems.append(Problem(name, f"section '{name}' must be a JSON object (got {show(body)})", body))
                 continue
             try:
-                values[key] = table[key].check(raw, f"{name}.{key}")
-            except (ObsConfigError, ObsConfigTypeError) as exc:
-                raise _err(path, str(exc), key=f"{name}.{key}", value=raw) from None
-        out[name] = values
+                body = _apply_aliases(name, body)
+            except ObsConfigError as exc:
+                problems.append(Problem(exc.option, str(exc)))
+                continue
+            out[name] = _check_section(name, body, problems)
+    if problems:
+        raise ConfigFileError(path, problems)
     return ParsedFile(path, out)
 
 
-def _apply_aliases(section: str, body: dict[str, Any], path: str) -> dict[str, Any]:
+def _check_section(name: str, body: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
+    table = SECTIONS[name]
+    values: dict[str, Any] = {}
+    for key, raw in body.items():
+        full = f"{name}.{key}"
+        if key not in table:
+            problems.append(Problem(full, f"section '{name}' has no key {show(key)}{did_you_mean(key, tuple(table))} "
+                                          f"(its keys are {show(sorted(table))})", raw))
+            continue
+        if raw is None:
+            continue
+        try:
+            values[key] = table[key].check(raw, full)
+        except (ObsConfigError, ObsConfigTypeError) as exc:
+            problems.append(Problem(full, str(exc), raw))
+    for check in SECTION_CHECKS.get(name, ()):
+        message = check(values)
+        if message:
+            problems.append(Problem(name, message))
+    return values
+
+
+#: Checks of a whole section after its keys passed (e.g. the recorder's ring must fit a sane size).
+SECTION_CHECKS: dict[str, list[Any]] = {}
+
+
+def show_json(value: Any) -> str:
+    with json_words():
+        return show(value)
+
+
+def _json_type(value: Any) -> str:
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _apply_aliases(section: str, body: dict[str, Any]) -> dict[str, Any]:
     out = dict(body)
     for (sec, alias), key in ALIASES.items():
         if sec == section and alias in out:
             if key in out:
-                raise _err(path, f"'{section}.{key}' is given twice (as {key!r} and {alias!r})", key=key)
+                raise ObsConfigError(f"'{section}.{key}' is given twice (as {show(key)} and {show(alias)})",
+                                     option=f"{section}.{key}")
             out[key] = out.pop(alias)
     return out
 

@@ -55,6 +55,56 @@ def test_config_check_invalid_file_exits_1_without_traceback(tmp_path):
     assert "'rdr.path' must be an absolute path" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_config_check_lists_every_problem_in_json_words(tmp_path):
+    path = tmp_path / "obs.json"
+    path.write_text('{"rdr": {"enable": "yes", "mode": 3}, "sys": {"bogus": true}}')
+    human = obs_cli("config", "check", str(path))
+    assert human.returncode == 1
+    assert f"{path} is invalid (3 problems)" in human.stderr
+    assert "'rdr.enable' must be true or false (got \"yes\" of type string)" in human.stderr
+    assert "'rdr.mode' must be one of [1, 2] (got 3)" in human.stderr and 'no key "bogus"' in human.stderr
+    machine = obs_cli("config", "check", str(path), "--json")
+    assert machine.returncode == 1
+    assert [p["key"] for p in json.loads(machine.stdout)["problems"]] == ["rdr.enable", "rdr.mode", "sys.bogus"]
+
+
+@pytest.mark.parametrize("args", [("config", "check", "/nonexistent/obs.json"), ("print", "/nonexistent/print.pb"),
+                                  ("run", "/nonexistent/train.py")])
+def test_a_missing_input_file_is_exit_2_for_every_command(args):
+    result = obs_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert "/nonexistent/" in result.stderr and "Errno" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_no_command_shows_the_commands_and_version_is_there():
+    result = obs_cli()
+    assert result.returncode == 0 and "options" in result.stdout and "rdr" in result.stdout
+    assert "error" not in result.stderr
+    version = obs_cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("obs 0.")
+
+
+def test_traceback_is_accepted_after_the_subcommand():
+    result = obs_cli("config", "check", "/nonexistent/obs.json", "--traceback")
+    assert result.returncode != 0 and "Traceback (most recent call last)" in result.stderr
+
+
+def test_run_without_a_script_names_what_is_missing():
+    result = obs_cli("run")
+    assert result.returncode == 2
+    assert "a script to run is required" in result.stderr and "args" not in result.stderr.split("error:")[1]
+
+
+def test_options_piped_is_one_plain_line_per_option():
+    result = obs_cli("options", "--table", "context", env={"COLUMNS": "80"})
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert lines[0].split("\t") == ["table", "name", "type", "default", "devices", "meaning"]
+    assert len(lines) == 1 + len(CONTEXT_OPTIONS)
+    row = next(line for line in lines if "\tmax_device_memory\t" in line).split("\t")
+    assert row[:4] == ["context", "max_device_memory", "size str like '3.5GB' | float GB", "1024.0"]
+
+
 SCRIPT = textwrap.dedent("""
     import sys, obs
     print("argv", sys.argv[1:])
@@ -68,8 +118,9 @@ def test_run_applies_settings_and_preserves_exit_code(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     config = tmp_path / "obs.json"
-    config.write_text('{"rdr": {"enable": true}}')
-    result = obs_cli("run", "--config", str(config), "--set", "save_graphs=2", str(script), "3", "--flag")
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
+    result = obs_cli("run", "--config", str(config), "--set", "save_graphs=2", str(script), "3", "--flag",
+                     cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     assert "argv ['3', '--flag']" in result.stdout
     assert "save_graphs 2" in result.stdout and "rdr True" in result.stdout
@@ -79,9 +130,17 @@ def test_run_reads_obs_config_from_the_environment(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     config = tmp_path / "obs.json"
-    config.write_text('{"rdr": {"enable": true}}')
-    result = obs_cli("run", str(script), "0", env={"OBS_CONFIG": str(config)})
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
+    result = obs_cli("run", str(script), "0", env={"OBS_CONFIG": str(config)}, cwd=tmp_path)
     assert result.returncode == 0 and "rdr True" in result.stdout
+
+
+def test_run_gives_the_script_an_absolute_file_as_python_does(tmp_path):
+    (tmp_path / "show.py").write_text("print(__file__)\n")
+    result = obs_cli("run", "show.py", cwd=tmp_path)
+    plain = subprocess.run([sys.executable, "show.py"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == plain.stdout == f"{tmp_path / 'show.py'}\n"
 
 
 def test_run_script_exception_exits_1_with_its_traceback(tmp_path):

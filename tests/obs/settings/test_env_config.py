@@ -32,14 +32,16 @@ def test_docs_spelling_mem_Reuse_is_accepted(tmp_path):
 @pytest.mark.parametrize("text, fragment", [
     ('{"rdr": {"enable": true,}}', "not valid JSON"),
     ('[1, 2]', "JSON object of sections"),
-    ('{"rdrr": {}}', "unknown section 'rdrr'; did you mean 'rdr'"),
+    ('{"rdrr": {}}', 'unknown section "rdrr"; did you mean "rdr"'),
     ('{"rdr": []}', "section 'rdr' must be a JSON object"),
-    ('{"rdr": {"enabel": true}}', "no key 'enabel'; did you mean 'enable'"),
-    ('{"rdr": {"enable": "yes"}}', "'rdr.enable' must be a bool"),
+    ('{"rdr": {"enabel": true}}', 'no key "enabel"; did you mean "enable"'),
+    ('{"rdr": {"enable": "yes"}}', "'rdr.enable' must be true or false (got \"yes\" of type string)"),
     ('{"rdr": {"mode": 3}}', "'rdr.mode' must be one of [1, 2]"),
     ('{"rdr": {"mode": "2"}}', "'rdr.mode' must be one of [1, 2]"),
     ('{"rdr": {"path": "relative/dir"}}', "'rdr.path' must be an absolute path"),
-    ('{"sys": {"mem_reuse": 1}}', "'sys.mem_reuse' must be a bool"),
+    ('{"sys": {"mem_reuse": 1}}', "'sys.mem_reuse' must be true or false (got 1 of type number)"),
+    ('{"rdr": {"enable": true, "enable": false}}', 'key "enable" is given more than once'),
+    ('[' * 100_000 + ']' * 100_000, "nested too deeply"),
     ('{"sys": {"mem_reuse": true, "mem_Reuse": false}}', "given twice"),
 ])
 def test_bad_file_names_file_key_expectation_and_value(text, fragment):
@@ -78,3 +80,30 @@ def test_resolve_without_file_gives_defaults():
     assert resolve(None, {}).as_dict() == {"rdr": {"enable": False, "mode": 1, "path": "", "granularity": "module",
                                                    "capacity": {}, "hang_action": "dump"},
                                            "sys": {"mem_reuse": True}}
+
+
+def test_every_problem_of_a_file_is_reported_at_once_in_json_words(tmp_path):
+    from obs.settings.env_config import ConfigFileError, load_file
+
+    path = tmp_path / "obs.json"
+    path.write_text('{"rdr": {"enable": "yes", "mode": 3, "granularity": "ops", "bogus": null, "path": null}, '
+                    '"sys": {"mem_reuse": null, "mem_reuse": true}, "extra": {}}')
+    with pytest.raises(ConfigFileError) as info:
+        load_file(str(path))
+    keys = [p.key for p in info.value.problems]
+    assert keys == ["mem_reuse", "rdr.enable", "rdr.mode", "rdr.granularity", "rdr.bogus", "extra"]
+    text = str(info.value)
+    assert f"env config file {path} has 6 problems:" in text
+    assert '\'rdr.enable\' must be true or false (got "yes" of type string)' in text
+    assert '\'rdr.granularity\' must be one of ["off", "step", "module", "op"] (got "ops")' in text
+    assert "True" not in text and "None" not in text
+
+
+def test_huge_values_are_cut_in_messages(tmp_path):
+    from obs.settings.env_config import ConfigFileError, load_file
+
+    path = tmp_path / "obs.json"
+    path.write_text(json.dumps({"rdr": {"path": "x" * 100_000}}))
+    with pytest.raises(ConfigFileError) as info:
+        load_file(str(path))
+    assert len(str(info.value)) < 400 and "[100002 chars]" in str(info.value)
