@@ -28,9 +28,29 @@ from dataclasses import dataclass, field
 
 from obs._core.errors import DamagedFileError, NotOurFileError
 
-__all__ = ["FuzzReport", "Target", "all_targets", "mutate", "run_target"]
+__all__ = ["FuzzReport", "Rejected", "Target", "all_targets", "cli_exit", "mutate", "run_target"]
 
 _HUGE = (0xFFFFFFFF, 0x7FFFFFFF, 0x80000000, 1 << 40, (1 << 64) - 1, 10**9, 0)
+
+
+class Rejected(Exception):
+    """A CLI target's clean rejection: the command printed an error and exited 1 or 2."""
+
+
+def cli_exit(*argv: str) -> int:
+    """Run ``obs ARGV`` in this process with its output discarded; raise :class:`Rejected` on exit 1 or 2,
+    AssertionError on any other non-zero code (an exception escaping ``main`` is a finding by itself)."""
+    import contextlib
+    import io
+
+    from obs.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = main(list(argv))
+    if code in (1, 2):
+        raise Rejected(code)
+    assert code == 0, f"obs {' '.join(argv)} exited {code}"
+    return code
 
 
 @dataclass(frozen=True)
@@ -47,7 +67,7 @@ class Target:
     read: Callable[[str], object]
     place: Callable[[str, bytes], str] = field(default=lambda folder, data: _write(os.path.join(folder, "input"),
                                                                                    data))
-    allowed: tuple[type[BaseException], ...] = (DamagedFileError, NotOurFileError)
+    allowed: tuple[type[BaseException], ...] = (DamagedFileError, NotOurFileError, Rejected)
 
 
 @dataclass
