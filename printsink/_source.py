@@ -43,6 +43,16 @@ class Source:
         self.f.seek(offset)
         self.buf, self.pos, self.base = bytearray(), 0, offset
 
+    def seek(self, offset: int) -> None:
+        """Go to ``offset``: within the read-ahead buffer by moving ``pos``, else by a file seek."""
+        if self.base <= offset <= self.base + len(self.buf):
+            self.pos = offset - self.base
+        else:
+            self.rewind(offset)
+
+    def size(self) -> int:
+        return os.fstat(self.f.fileno()).st_size
+
     def fill(self, need: int) -> bool:
         """Make ``need`` bytes available at ``pos``; False at end of file (partial data kept)."""
         if len(self.buf) - self.pos >= need:
@@ -110,7 +120,7 @@ class Source:
         at = self.offset
         n = self.varint()
         if end is None:
-            if self.offset + n > os.fstat(self.f.fileno()).st_size:
+            if self.offset + n > self.size():
                 raise Truncated
         elif self.offset + n > end:
             raise Corrupt(at, f"a field of {n} bytes runs past the end of its {what}")

@@ -8,7 +8,7 @@ parser keeps as an unknown field and ignores) followed by one ``value`` (field 1
     message TensorProto { repeated int64 dims = 1; required string tensor_type = 2;
                           required bytes tensor_content = 3; }
     message CallMeta { uint64 seq = 1; fixed64 time_ns = 2; uint64 step = 3; uint64 rank = 4;
-                       uint64 pid = 5; string source = 6; uint64 n_values = 7; }
+                       uint64 pid = 5; string source = 6; uint64 n_values = 7; uint64 parent_pid = 8; }
 
 ``dims`` are unpacked (proto2), one ``0x08`` tag per dim, as MindSpore writes them.  Tensor
 contents are returned as memoryviews of the caller's arrays (no copy) unless they are small,
@@ -34,7 +34,12 @@ Buffer = Union[bytes, bytearray, memoryview]
 
 
 class CallMeta(NamedTuple):
-    """When and where one Print call happened; ``n_values`` lets a reader spot a cut record."""
+    """When and where one Print call happened; ``n_values`` lets a reader spot a cut record.
+
+    ``seq`` counts the calls of one process (from 1; ``(pid, seq)`` is unique in a file even with
+    DataLoader workers); ``parent_pid`` is the process that set ``print_file_path`` (0: not recorded),
+    so a call with ``pid != parent_pid`` was made by a worker.
+    """
 
     seq: int
     time_ns: int
@@ -43,6 +48,7 @@ class CallMeta(NamedTuple):
     pid: int
     source: str
     n_values: int
+    parent_pid: int = 0
 
 
 _ONE_BYTE = [bytes((i,)) for i in range(0x80)]
@@ -71,7 +77,8 @@ def encode_meta(meta: CallMeta) -> bytes:
     body = b"".join((
         b"\x08", varint(meta.seq), b"\x11", _FIXED64(meta.time_ns), b"\x18", varint(meta.step),
         b"\x20", varint(meta.rank), b"\x28", varint(meta.pid),
-        _len_field(b"\x32", meta.source.encode("utf-8", "surrogatepass")), b"\x38", varint(meta.n_values)))
+        _len_field(b"\x32", meta.source.encode("utf-8", "surrogatepass")), b"\x38", varint(meta.n_values),
+        b"\x40", varint(meta.parent_pid)))
     return _len_field(_META_TAG, body)
 
 
