@@ -1,9 +1,12 @@
 """Write an RDR bundle: a folder that is complete or absent, private, never overwriting another.
 
 ``{rdr_dir}/{UTC stamp}_{pid}_{reason}/`` holds ``manifest.json`` plus the payload files.  The
-folder is built under a hidden temporary name and renamed into place, so a crash (or a kill)
-during a dump leaves no half bundle.  Folders are 0700, files 0600, created without following
-symlinks; names built from reasons are sanitized.  No pickle anywhere.
+folder is built under a hidden temporary name (unpredictable, created by ``mkdir``, so nothing can
+be planted in it) and renamed into place after every file is fsynced, so a crash (or a kill)
+during a dump leaves no half bundle.  Every folder and file goes through
+:mod:`obs._core.safe_files`: folders 0700, files 0600 created with ``O_EXCL|O_NOFOLLOW``, no
+symlink followed in a folder others can write to.  Names built from reasons are sanitized.  No
+pickle anywhere.
 """
 
 from __future__ import annotations
@@ -11,14 +14,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
+
+from obs._core import safe_files
 
 __all__ = ["SCHEMA_VERSION", "bundle_name", "safe_name", "write_bundle", "write_json_atomic"]
 
 SCHEMA_VERSION = 1
 Payload = Union[str, bytes, Iterable[str]]
+TMP_PREFIX = ".tmp-"  #: an interrupted dump's folder starts with this (the readers skip and report it)
 
 
 def safe_name(text: str, limit: int = 64) -> str:
@@ -33,49 +40,84 @@ def bundle_name(reason: str, pid: int, now_ns: int | None = None) -> str:
     return f"{stamp}.{now_ns // 1000 % 1_000_000:06d}Z_{pid}_{safe_name(reason)}"
 
 
-def _write(path: str, payload: Payload) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def _write(path: str, payload: Payload, *, fsync: bool) -> None:
+    fd = safe_files.create_file(path)
     with os.fdopen(fd, "wb") as fh:
         if isinstance(payload, bytes):
             fh.write(payload)
         elif isinstance(payload, str):
-            fh.write(payload.encode())
+            fh.write(payload.encode("utf-8", "surrogateescape"))
         else:
             lines = list(payload)
             if lines:
-                fh.write("\n".join(lines).encode())
+                fh.write("\n".join(lines).encode("utf-8", "surrogateescape"))
                 fh.write(b"\n")
+        fh.flush()
+        if fsync:
+            os.fsync(fd)
 
 
-def write_bundle(rdr_dir: str, name: str, manifest: Mapping[str, Any], files: Mapping[str, Payload]) -> str:
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bundle(rdr_dir: str, name: str, manifest: Mapping[str, Any], files: Mapping[str, Payload], *,
+                 fsync: bool = True) -> str:
     """Create ``rdr_dir/name`` atomically with ``manifest.json`` and ``files`` (relative names, may hold one
-    folder level such as ``graphs/x.ir``); a taken name gets a ``-2``, ``-3``… suffix.  Returns the path."""
-    os.makedirs(rdr_dir, mode=0o700, exist_ok=True)
-    final = os.path.join(rdr_dir, name)
+    folder level such as ``graphs/x.ir``); a taken name gets a ``-2``, ``-3``… suffix.  Returns the path.
+
+    With ``fsync`` (the default) every file and both folders are on disk when this returns, so a
+    caller may then delete what the bundle was made from (the ring).  On any error the temporary
+    folder is removed and the error propagates; nothing else is touched.
+    """
+    safe_files.ensure_dir(rdr_dir)
+    final = os.path.join(rdr_dir, safe_name(name, 200))
     n = 1
     while os.path.lexists(final):
         n += 1
-        final = os.path.join(rdr_dir, f"{name}-{n}")
-    tmp = os.path.join(rdr_dir, f".tmp-{os.path.basename(final)}")
-    os.mkdir(tmp, 0o700)
-    for rel, payload in files.items():
-        folder, base = os.path.split(rel)
-        if folder:
-            os.makedirs(os.path.join(tmp, safe_name(folder)), mode=0o700, exist_ok=True)
-            rel = os.path.join(safe_name(folder), safe_name(base, 128))
-        else:
-            rel = safe_name(base, 128)
-        _write(os.path.join(tmp, rel), payload)
-    listing = sorted(os.path.relpath(os.path.join(d, f), tmp) for d, _, fs in os.walk(tmp) for f in fs)
-    _write(os.path.join(tmp, "manifest.json"), json.dumps({**manifest, "files": listing}, indent=2, default=str))
-    os.rename(tmp, final)
+        final = os.path.join(rdr_dir, f"{safe_name(name, 200)}-{n}")
+    tmp = os.path.join(rdr_dir, f"{TMP_PREFIX}{os.path.basename(final)}-{secrets.token_hex(6)}")
+    os.mkdir(tmp, safe_files.DIR_MODE)  # fails if anything is there: nothing planted is reused
+    try:
+        written = []
+        for rel, payload in files.items():
+            folder, base = os.path.split(rel)
+            if folder:
+                sub = os.path.join(tmp, safe_name(folder))
+                if not os.path.isdir(sub):
+                    os.mkdir(sub, safe_files.DIR_MODE)
+                rel = os.path.join(safe_name(folder), safe_name(base, 128))
+            else:
+                rel = safe_name(base, 128)
+            _write(os.path.join(tmp, rel), payload, fsync=fsync)
+            written.append(rel)
+        listing = sorted(set(written))
+        _write(os.path.join(tmp, "manifest.json"), json.dumps({**manifest, "files": listing}, indent=2, default=str),
+               fsync=fsync)
+        if fsync:
+            for folder in {os.path.dirname(os.path.join(tmp, rel)) for rel in listing} | {tmp}:
+                _fsync_dir(folder)
+        os.rename(tmp, final)
+    except BaseException:
+        _remove_tree(tmp)
+        raise
+    if fsync:
+        _fsync_dir(rdr_dir)
     return final
 
 
+def _remove_tree(path: str) -> None:
+    """Remove the temporary folder this module made (only regular files and one folder level inside)."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def write_json_atomic(path: str, data: Any) -> None:
-    """Replace ``path`` with ``data`` as JSON (0600) through a temporary file and a rename."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2, default=str)
-    os.replace(tmp, path)
+    """Replace ``path`` with ``data`` as JSON (0600) through an unpredictably named temporary file
+    (``O_EXCL|O_NOFOLLOW``) and a rename: a file planted under any name is never written through."""
+    safe_files.write_atomic(path, json.dumps(data, indent=2, default=str))

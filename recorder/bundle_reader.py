@@ -1,4 +1,10 @@
-"""Read RDR bundles: list them, load one, stream its events.  Pure: files in, dataclasses out."""
+"""Read RDR bundles: list them, load one, stream its events.  Pure: files in, dataclasses out.
+
+Every file is opened with :func:`obs._core.safe_files.open_private` (no symlink, only a regular file
+of this user).  A damaged file ends in :class:`DamagedFileError` naming the file and the byte
+offset; a folder or file that is not a bundle in :class:`NotOurFileError`.  Listing goes on past
+bad bundles and rings and reports them (:attr:`Listing.damaged`).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.bundle import SCHEMA_VERSION
+from obs._core import safe_files
+from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
+from recorder.bundle import SCHEMA_VERSION, TMP_PREFIX
 from recorder.recover import RingFile, find_rings, near
 
-__all__ = ["Bundle", "BundleInfo", "Listing", "find_bundle", "list_bundles", "load_bundle"]
+__all__ = ["EVENT_KINDS", "Bundle", "BundleInfo", "Listing", "find_bundle", "list_bundles", "load_bundle",
+           "parse_json"]
+
+#: every kind of event a bundle's events.jsonl holds
+EVENT_KINDS = ("step_begin", "step_end", "module_enter", "module_exit", "op", "memory", "collective", "print",
+               "fault", "settings", "graph", "marker")
+
+#: errors that make one bundle or ring unreadable (listing reports them and goes on)
+BAD_FILE = (DamagedFileError, NotOurFileError, UnsafePathError, OSError)
 
 
 @dataclass(frozen=True)
@@ -35,11 +51,37 @@ class BundleInfo:
 
 @dataclass
 class Listing:
-    """Bundles newest first, plus what else is there: rings to recover and interrupted dumps."""
+    """Bundles newest first, plus what else is there: rings to recover, interrupted dumps, and the bundles
+    and rings that could not be read (``damaged``: their errors, each naming its file) or are not ours
+    (``skipped``)."""
 
     bundles: list[BundleInfo] = field(default_factory=list)
     rings: list[RingFile] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
+    damaged: list[Exception] = field(default_factory=list)
+    skipped: list[Exception] = field(default_factory=list)
+
+
+def parse_json(data: bytes, path: str, *, base: int = 0) -> Any:
+    """``data`` (found at byte ``base`` of ``path``) as JSON; a :class:`DamagedFileError` with the byte offset
+    when it is not JSON."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DamagedFileError(f"{path}: not UTF-8 at byte {base + exc.start}", path=path,
+                               offset=base + exc.start) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        at = base + len(text[:exc.pos].encode("utf-8"))
+        raise DamagedFileError(f"{path}: not valid JSON at byte {at} ({exc.msg})", path=path, offset=at) from None
+    except (ValueError, RecursionError) as exc:  # nesting too deep, an integer too long
+        raise DamagedFileError(f"{path}: unreadable JSON at byte {base} ({type(exc).__name__}: "
+                               f"{str(exc)[:80] or 'nested too deeply'})", path=path, offset=base) from None
+
+
+def _read_json(path: str) -> Any:
+    return parse_json(safe_files.read_private(path), path)
 
 
 @dataclass
@@ -53,100 +95,186 @@ class Bundle:
     fatal_stacks: str
     graphs: list[str]
 
-    def events(self, kinds: set[str] | None = None, last: int | None = None) -> list[dict[str, Any]]:
-        """Events in order, optionally only ``kinds``, optionally only the ``last`` N (memory bounded by N)."""
+    def events(self, kinds: set[str] | None = None, last: int | None = None,
+               step: int | None = None) -> list[dict[str, Any]]:
+        """Events in order, optionally only ``kinds`` and ``step``, optionally only the ``last`` N (memory
+        bounded by N)."""
         keep: deque[dict[str, Any]] | list[dict[str, Any]] = deque(maxlen=last) if last else []
         for event in self.iter_events():
-            if kinds is None or event.get("kind") in kinds:
+            if (kinds is None or event["kind"] in kinds) and (step is None or event.get("step") == step):
                 keep.append(event)
         return list(keep)
 
     def iter_events(self) -> Iterator[dict[str, Any]]:
+        """Each event of ``events.jsonl``: a dict with an int ``seq`` and ``t`` and a str ``kind``.
+
+        An event without a ``step`` (op events of bundles written before events carried one) gets
+        the step of the latest step event before it; a damaged line is a :class:`DamagedFileError`."""
         path = os.path.join(self.info.path, "events.jsonl")
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             return
-        with open(path, encoding="utf-8") as fh:
+        fd = safe_files.open_private(path)
+        step: int | None = None
+        with os.fdopen(fd, "rb") as fh:
+            offset = 0
             for number, line in enumerate(fh, start=1):
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except ValueError as exc:
-                        raise ValueError(f"{path}: line {number} is not JSON ({exc})") from None
+                at, offset = offset, offset + len(line)
+                if not line.strip():
+                    continue
+                event = parse_json(line, path, base=at)
+                if not isinstance(event, dict) or not isinstance(event.get("kind"), str) \
+                        or not _is_int(event.get("seq")) or not _is_int(event.get("t")):
+                    raise DamagedFileError(f"{path}: line {number} (byte {at}) is not an event (an object with an "
+                                           f"integer seq and t and a kind): {_short(line)}", path=path, offset=at)
+                if event["kind"] in ("step_begin", "step_end") and _is_int(event.get("step")):
+                    step = event["step"]
+                elif "step" not in event and step is not None:
+                    event["step"] = step
+                yield event
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
-def _info(path: str, manifest: dict[str, Any]) -> BundleInfo:
-    return BundleInfo(path, str(manifest.get("reason", "?")), int(manifest.get("created_ns", 0)),
-                      int(manifest.get("rank", 0)), int(manifest.get("pid", 0)), int(manifest.get("step", 0)),
-                      str(manifest.get("run_id", "")), bool(manifest.get("recovered", False)))
+
+def _short(data: bytes) -> str:
+    text = data.decode("utf-8", "replace").strip()
+    return repr(text if len(text) <= 80 else text[:60] + f"…[{len(text)} chars]")
+
+
+#: manifest key → (accepted types, default); a value of another type makes the manifest damaged
+_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
+    "reason": ((str,), "?"), "created_ns": ((int,), 0), "rank": ((int,), 0), "pid": ((int,), 0),
+    "step": ((int,), 0), "run_id": ((str, type(None)), ""), "recovered": ((bool,), False),
+    "host": ((str, type(None)), None), "world_size": ((int, type(None)), None),
+    "granularity": ((str, type(None)), None), "versions": ((dict, type(None)), None),
+    "settings": ((dict, type(None)), None), "dropped": ((dict, type(None)), None),
+    "recorded": ((dict, type(None)), None), "last_module": ((str, type(None)), None),
+    "open_modules": ((list, type(None)), None), "last_op": ((dict, type(None)), None),
+    "fault": ((dict, type(None)), None), "exception": ((dict, type(None)), None), "files": ((list,), []),
+}
 
 
 def _manifest(path: str) -> dict[str, Any]:
     file = os.path.join(path, "manifest.json")
-    if not os.path.isfile(file):
-        raise ValueError(f"{path!r} is not an RDR bundle (no manifest.json); list bundles with `obs rdr ls`")
-    try:
-        with open(file, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except ValueError as exc:
-        raise ValueError(f"{file}: manifest is not valid JSON ({exc})") from None
+    if not os.path.lexists(file):
+        raise NotOurFileError(f"{path!r} is not an RDR bundle (no manifest.json); list bundles with `obs rdr ls`",
+                              path=path)
+    data = _read_json(file)
     if not isinstance(data, dict) or "schema_version" not in data:
-        raise ValueError(f"{file}: not an RDR manifest (no schema_version)")
-    if data["schema_version"] > SCHEMA_VERSION:
-        raise ValueError(f"{file}: schema_version {data['schema_version']} is newer than this obs reads "
-                         f"({SCHEMA_VERSION}); upgrade obs")
+        raise NotOurFileError(f"{file}: not an RDR manifest (no schema_version)", path=file)
+    version = data["schema_version"]
+    if not _is_int(version) or version < 1:
+        raise DamagedFileError(f"{file}: schema_version must be a whole number >= 1 (got {_short_value(version)})",
+                               path=file, offset=0)
+    if version > SCHEMA_VERSION:
+        raise NotOurFileError(f"{file}: schema_version {version} is newer than this obs reads ({SCHEMA_VERSION}); "
+                              "upgrade obs", path=file)
+    for key, (types, _default) in _FIELDS.items():
+        value = data.get(key, _default)
+        if not isinstance(value, types) or (types == (int,) and isinstance(value, bool)):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise DamagedFileError(f"{file}: manifest key {key!r} must be {names} (got {_short_value(value)})",
+                                   path=file, offset=0)
     return data
 
 
+def _short_value(value: Any) -> str:
+    from obs._core.errors import shorten
+
+    return shorten(value, 80)
+
+
+def _info(path: str, manifest: dict[str, Any]) -> BundleInfo:
+    get = {key: manifest.get(key, default) for key, (_types, default) in _FIELDS.items()}
+    return BundleInfo(path, get["reason"], get["created_ns"], get["rank"], get["pid"], get["step"],
+                      get["run_id"] or "", get["recovered"])
+
+
 def list_bundles(path: str) -> Listing:
-    """Every bundle under ``path`` (a tree of ``rank_*/rdr`` folders, one rdr folder, or one bundle)."""
+    """Every bundle under ``path`` (a tree of ``rank_*/rdr`` folders, one rdr folder, or one bundle).
+
+    A bundle or ring that cannot be read is reported in ``damaged`` (or ``skipped``) and the rest is
+    still listed."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such folder: {path!r}")
     listing = Listing()
-    for file in near(path, "*/manifest.json") + ([os.path.join(path, "manifest.json")]
-                                                 if os.path.isfile(os.path.join(path, "manifest.json")) else []):
+    own = [os.path.join(path, "manifest.json")] if os.path.lexists(os.path.join(path, "manifest.json")) else []
+    for file in near(path, "*/manifest.json") + own:
         folder = os.path.dirname(file)
-        if os.path.basename(folder).startswith(".tmp-"):
+        if os.path.basename(folder).startswith(TMP_PREFIX):
             continue
         try:
             listing.bundles.append(_info(folder, _manifest(folder)))
-        except ValueError:
-            listing.incomplete.append(folder)
-    listing.incomplete += near(path, ".tmp-*")
+        except NotOurFileError as exc:
+            listing.skipped.append(exc)
+        except BAD_FILE as exc:
+            listing.damaged.append(exc)
+    listing.incomplete += near(path, TMP_PREFIX + "*")
     listing.bundles.sort(key=lambda b: b.created_ns, reverse=True)
-    listing.rings = [r for r in find_rings(path) if not r.alive]
+    for ring in find_rings(path):
+        if ring.error is not None:
+            listing.damaged.append(ring.error)
+        elif not ring.alive:
+            listing.rings.append(ring)
     return listing
 
 
 def find_bundle(path: str) -> str:
     """``path`` itself if it is a bundle; the newest bundle under it if it is a folder of them; for
     ``.../latest`` the newest bundle beside it."""
-    if os.path.isfile(os.path.join(path, "manifest.json")):
+    if os.path.lexists(os.path.join(path, "manifest.json")):
         return path
     base = os.path.dirname(path) if os.path.basename(path.rstrip("/")) == "latest" and not os.path.exists(path) \
         else path
     if os.path.isdir(base):
-        bundles = list_bundles(base).bundles
-        if bundles:
-            return bundles[0].path
-        raise ValueError(f"no RDR bundle under {base!r}")
+        listing = list_bundles(base)
+        if listing.bundles:
+            return listing.bundles[0].path
+        if listing.damaged:
+            raise listing.damaged[0]
+        raise NotOurFileError(f"no RDR bundle under {base!r}", path=base)
     raise FileNotFoundError(f"no such bundle: {path!r}")
+
+
+def _exception(path: str) -> dict[str, Any] | None:
+    file = os.path.join(path, "exception.json")
+    if not os.path.lexists(file):
+        return None
+    data = _read_json(file)
+    if not isinstance(data, dict) or not isinstance(data.get("traceback", ""), str) \
+            or not all(isinstance(data.get(k, ""), str) for k in ("type", "message")):
+        raise DamagedFileError(f"{file}: not an exception record (an object with string type, message and "
+                               "traceback)", path=file, offset=0)
+    return data
+
+
+def _stacks(path: str) -> list[dict[str, Any]]:
+    file = os.path.join(path, "stacks.json")
+    if not os.path.lexists(file):
+        return []
+    data = _read_json(file)
+    if not isinstance(data, list):
+        raise DamagedFileError(f"{file}: stacks must be a JSON list of threads", path=file, offset=0)
+    for i, thread in enumerate(data):
+        ok = isinstance(thread, dict) and isinstance(thread.get("thread"), str) \
+            and isinstance(thread.get("frames"), list) \
+            and all(isinstance(f, dict) and isinstance(f.get("file"), str) and isinstance(f.get("function"), str)
+                    and (f.get("line") is None or _is_int(f.get("line"))) and isinstance(f.get("code", ""), str)
+                    for f in thread["frames"])
+        if not ok:
+            raise DamagedFileError(f"{file}: thread {i} is not a stack (an object with a string thread and frames "
+                                   "of file, line, function)", path=file, offset=0)
+    return data
 
 
 def load_bundle(path: str) -> Bundle:
     """Load ``path`` (see :func:`find_bundle` for what it may name)."""
     path = find_bundle(path)
     manifest = _manifest(path)
-
-    def read(name: str) -> str:
-        file = os.path.join(path, name)
-        if not os.path.exists(file):
-            return ""
-        with open(file, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-
-    exception = json.loads(read("exception.json")) if read("exception.json") else None
-    stacks = json.loads(read("stacks.json")) if read("stacks.json") else []
-    graphs = sorted(os.path.join(path, "graphs", g) for g in os.listdir(os.path.join(path, "graphs"))) \
-        if os.path.isdir(os.path.join(path, "graphs")) else []
-    return Bundle(_info(path, manifest), manifest, exception, stacks, read("fatal_stacks.txt"), graphs)
+    fatal = os.path.join(path, "fatal_stacks.txt")
+    fatal_text = safe_files.read_private(fatal).decode("utf-8", "replace") if os.path.lexists(fatal) else ""
+    graphs_dir = os.path.join(path, "graphs")
+    graphs = sorted(os.path.join(graphs_dir, g) for g in os.listdir(graphs_dir)) \
+        if os.path.isdir(graphs_dir) and not os.path.islink(graphs_dir) else []
+    return Bundle(_info(path, manifest), manifest, _exception(path), _stacks(path), fatal_text, graphs)

@@ -20,11 +20,14 @@ from __future__ import annotations
 import enum
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "RINGS", "SLOT",
-           "STRINGS_USED_AT", "VERSION", "Header", "Kind", "Region", "plan"]
+from obs._core.errors import DamagedFileError, NotOurFileError, ObsConfigError
+
+__all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "MAX_RING_BYTES", "RINGS",
+           "SLOT", "STRINGS_USED_AT", "VERSION", "Header", "Kind", "Region", "check_capacity", "plan"]
 
 MAGIC = b"OBSRING\x01"
 VERSION = 1
@@ -71,6 +74,12 @@ RINGS: dict[str, tuple[Kind, ...]] = {
 #: slots per ring, and blob slots ("blob": prints, faults, settings changes, graphs, markers)
 DEFAULT_CAPACITY = {"step": 4096, "module": 65536, "op": 65536, "memory": 4096, "collective": 8192, "blob": 1024}
 
+#: The largest ring file obs creates.  The whole file is reserved on disk (posix_fallocate) and mapped
+#: with MAP_POPULATE, so every byte costs page cache (and resident memory) per rank for the whole run,
+#: and a dump reads it all.  1 GiB is ~70x the default ring (~14 MiB) and holds ~19 million event
+#: slots: far more history than a post-mortem needs, while 8 ranks on one node still stay under 8 GiB.
+MAX_RING_BYTES = 1 << 30
+
 
 @dataclass(frozen=True)
 class Region:
@@ -110,23 +119,109 @@ class Header:
         return out.ljust(HEADER_SIZE, b"\0")
 
     @classmethod
-    def decode(cls, data: bytes | memoryview) -> Header:
-        if len(data) < HEADER_SIZE or bytes(data[:8]) != MAGIC:
-            raise ValueError(f"not an obs ring file (expected magic {MAGIC!r}, got {bytes(data[:8])!r})")
+    def decode(cls, data: bytes | memoryview, *, path: str = "<ring>", size: int | None = None) -> Header:
+        """The header of a ring file of ``size`` bytes (default ``len(data)``), every field checked.
+
+        Raises :class:`NotOurFileError` when ``data`` is not a ring file (magic, version) and
+        :class:`DamagedFileError` (with the byte offset) when it is one whose header is damaged.
+        """
+        size = len(data) if size is None else size
+        if 0 < len(data) < len(MAGIC) and MAGIC.startswith(bytes(data)):
+            raise DamagedFileError(f"{path}: ring file is truncated at byte {len(data)}", path=path, offset=len(data))
+        if bytes(data[:8]) != MAGIC:
+            raise NotOurFileError(f"{path}: not an obs ring file (expected magic {MAGIC!r} at byte 0, got "
+                                  f"{bytes(data[:8])!r})", path=path)
+        if len(data) < HEADER_SIZE:
+            raise DamagedFileError(f"{path}: ring file is truncated at byte {len(data)}: its header alone takes "
+                                   f"{HEADER_SIZE} bytes", path=path, offset=len(data))
         (_, version, pid, rank, world, wall_ns, mono_ns, s_off, s_cap, s_used, b_off, b_cap,
          n_rings) = HEADER.unpack_from(data, 0)
         if version != VERSION:
-            raise ValueError(f"ring file version {version} is not supported (this obs reads version {VERSION})")
+            raise NotOurFileError(f"{path}: ring file version {version} is not supported (this obs reads version "
+                                  f"{VERSION})", path=path)
+
+        def damaged(offset: int, what: str) -> DamagedFileError:
+            return DamagedFileError(f"{path}: damaged ring header at byte {offset}: {what}", path=path, offset=offset)
+
+        if wall_ns < 0 or mono_ns < 0:
+            raise damaged(24, f"clock values must not be negative (wall {wall_ns}, monotonic {mono_ns})")
+        max_rings = (HEADER_SIZE - HEADER.size - 4) // REGION.size
+        if n_rings > max_rings:
+            raise damaged(HEADER.size - 4, f"{n_rings} rings do not fit in the header (at most {max_rings})")
         at = HEADER.size
         rings = []
         for _ in range(n_rings):
-            name, offset, capacity = REGION.unpack_from(data, at)
-            rings.append(Region(name.rstrip(b"\0").decode(), offset, capacity))
+            raw, offset, capacity = REGION.unpack_from(data, at)
+            try:
+                name = raw.rstrip(b"\0").decode()
+            except UnicodeDecodeError:
+                raise damaged(at, f"ring name {raw!r} is not UTF-8") from None
+            if name in {r.name for r in rings} or not name.isidentifier():
+                raise damaged(at, f"ring name {name!r} is not a valid, unique ring name")
+            rings.append(Region(name, offset, capacity))
             at += REGION.size
         (meta_len,) = struct.unpack_from("<I", data, at)
-        meta = json.loads(bytes(data[at + 4:at + 4 + meta_len]) or b"{}")
-        return cls(pid, rank, world, wall_ns, mono_ns, Region("strings", s_off, s_cap), s_used,
-                   Region("blobs", b_off, b_cap), tuple(rings), meta)
+        if at + 4 + meta_len > HEADER_SIZE:
+            raise damaged(at, f"metadata length {meta_len} runs past the {HEADER_SIZE}-byte header")
+        try:
+            meta = json.loads(bytes(data[at + 4:at + 4 + meta_len]) or b"{}")
+        except (ValueError, RecursionError) as exc:
+            raise damaged(at + 4, f"metadata is not JSON ({str(exc)[:80]})") from None
+        if not isinstance(meta, dict):
+            raise damaged(at + 4, f"metadata is a JSON {type(meta).__name__}, not an object")
+        strings, blobs = Region("strings", s_off, s_cap), Region("blobs", b_off, b_cap)
+        if s_used > s_cap:
+            raise damaged(STRINGS_USED_AT, f"strings used ({s_used}) exceed the table's capacity ({s_cap})")
+        # Every region lies inside the file and none overlaps another: what a reader copies out is
+        # then bounded by the file's size, whatever the lengths say.
+        spans = sorted([(s_off, s_cap, "strings"), (b_off, b_cap * BLOB_SIZE, "blobs")]
+                       + [(r.offset, r.capacity * SLOT.size, r.name) for r in rings])
+        end = HEADER_SIZE
+        for offset, length, name in spans:
+            if offset < end:
+                raise damaged(offset, f"region {name!r} starts at byte {offset}, inside the header or the region "
+                                      f"before it (which ends at byte {end})")
+            end = offset + length
+            if end > size:
+                raise DamagedFileError(f"{path}: ring file is truncated: region {name!r} ends at byte {end}, the "
+                                       f"file has {size} bytes", path=path, offset=size)
+        return cls(pid, rank, world, wall_ns, mono_ns, strings, s_used, blobs, tuple(rings), meta)
+
+
+def check_capacity(capacity: Mapping[str, Any]) -> int:
+    """The size in bytes of a ring file with ``capacity`` (missing keys take :data:`DEFAULT_CAPACITY`).
+
+    Raises :class:`ObsConfigError` naming the key when a key is unknown, a count is not a whole
+    number >= 1, or the file would exceed :data:`MAX_RING_BYTES` (the message gives the size it would
+    take, the key that asks for most of it, and the limit).
+    """
+    full = {**DEFAULT_CAPACITY}
+    for key, value in capacity.items():
+        option = f"capacity.{key}"
+        if key not in DEFAULT_CAPACITY:
+            raise ObsConfigError(f"rdr {option}: unknown ring (expected one of {', '.join(DEFAULT_CAPACITY)})",
+                                 option=option, value=value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ObsConfigError(f"rdr {option} must be a whole number of slots >= 1 (got {value!r})",
+                                 option=option, value=value)
+        full[key] = value
+    parts = {key: full[key] * (BLOB_SIZE if key == "blob" else SLOT.size) for key in full}
+    total = plan(full)[3]
+    if total > MAX_RING_BYTES:
+        key = max(parts, key=parts.__getitem__)
+        raise ObsConfigError(
+            f"rdr capacity.{key}={full[key]} asks for a ring file of {_size(total)} ({full[key]} slots x "
+            f"{parts[key] // full[key]} bytes = {_size(parts[key])}); the limit is {_size(MAX_RING_BYTES)} per "
+            f"rank (the whole file is reserved on disk and kept in memory); lower capacity.{key}",
+            option=f"capacity.{key}", value=full[key])
+    return total
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit} ({n} bytes)"
+    return f"{n} bytes"
 
 
 def plan(capacity: dict[str, int]) -> tuple[Region, Region, tuple[Region, ...], int]:

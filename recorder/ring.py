@@ -23,6 +23,8 @@ on an ``itertools.count`` is atomic under the GIL and each append owns its slot.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import itertools
 import json
 import mmap
@@ -33,7 +35,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from recorder.layout import BLOB, BLOB_SIZE, SLOT, STRINGS_USED_AT, Header, Kind, plan
+from obs._core import safe_files
+from recorder.layout import BLOB, BLOB_SIZE, SLOT, STRINGS_USED_AT, Header, Kind, check_capacity, plan
 
 __all__ = ["RingWriter", "SlotTarget"]
 
@@ -56,20 +59,39 @@ class SlotTarget(NamedTuple):
 
 
 class RingWriter:
-    """Creates ``path`` (0600, never through a symlink, never over an existing file) and maps it."""
+    """Creates ``path`` through :mod:`obs._core.safe_files` (folders 0700, file 0600, never through a
+    symlink, never over an existing file) and maps it.
+
+    The writer holds an exclusive ``flock`` on the file for as long as it is open: the kernel drops it
+    when the process dies, however it dies, so a reader tells a live ring from a dead one by trying
+    the lock (:func:`recorder.recover.writer_alive`), never by signalling a pid.
+    """
 
     def __init__(self, path: str, capacity: dict[str, int], *, pid: int, rank: int, world_size: int,
                  meta: dict[str, Any]) -> None:
+        check_capacity(capacity)
         strings, blobs, rings, size = plan(capacity)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = safe_files.create_file(path, read=True)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _check_free_space(fd, path, size)
             # Blocks reserved and pages mapped up front: the first write to a page of a sparse file
             # otherwise faults (block allocation) on the training thread.
-            os.posix_fallocate(fd, 0, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot reserve {size} bytes for the ring file {path!r}: "
+                                         f"{os.strerror(exc.errno or errno.EIO)}") from None
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                                  mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            raise
+        self._fd: int | None = fd  # kept open: it holds the liveness lock
         self.path = path
         self.header = Header(pid, rank, world_size, time.time_ns(), time.perf_counter_ns(), strings, 0, blobs,
                              rings, meta)
@@ -143,8 +165,16 @@ class RingWriter:
         return self._mm
 
     def abandon(self) -> None:
-        """In a forked child: forget the parent's map without closing or unlinking anything."""
+        """In a forked child: forget the parent's map without closing or unlinking anything.
+
+        The child's copy of the descriptor is closed; the lock stays with the parent's."""
         self._mm = None
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     @property
     def closed(self) -> bool:
@@ -159,6 +189,20 @@ class RingWriter:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+        fd, self._fd = self._fd, None  # after the unlink: a reader never sees an unlocked live ring
+        if fd is not None:
+            os.close(fd)
+
+
+def _check_free_space(fd: int, path: str, size: int) -> None:
+    """Refuse, with a clear error, a ring larger than the free space of its file system."""
+    info = os.fstatvfs(fd)
+    free = info.f_bavail * info.f_frsize
+    if size > free:
+        raise OSError(errno.ENOSPC, f"not enough free disk space for the ring file {path!r}: it needs {size} bytes "
+                                    f"({size / 2**20:.1f} MiB), the file system has {free} bytes "
+                                    f"({free / 2**20:.1f} MiB) free; free some space, lower rdr capacity, or "
+                                    "set rdr.path to another disk")
 
 
 def _fit(payload: dict[str, Any], room: int) -> bytes:

@@ -2,21 +2,31 @@
 
 Pure: bytes in, :class:`RingContents` out.  Decoding is vectorised with numpy so a dump of full
 default rings stays well under the 250 ms budget; JSON lines are formatted per kind.
+
+A damaged file ends in :class:`DamagedFileError` (file and byte offset), a file that is not a ring
+in :class:`NotOurFileError`; what is read is bounded by the file's size (the header's regions are
+checked to lie inside the file, without overlapping, before anything is copied out).
+
+Slots do not store the step of an op or a collective: :meth:`RingContents.steps` derives it from
+the step ring (the step of the latest step event before the slot, by ``seq``).
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from recorder.layout import BLOB, BLOB_SIZE, SLOT, Header, Kind
+from obs._core import safe_files
+from obs._core.errors import DamagedFileError, NotOurFileError
+from recorder.layout import BLOB, BLOB_SIZE, HEADER_SIZE, MAGIC, SLOT, Header, Kind
 
-__all__ = ["RingContents", "read_ring", "read_ring_file"]
+__all__ = ["RingContents", "read_header_file", "read_ring", "read_ring_file"]
 
 SLOT_DTYPE = np.dtype([("seq", "<u8"), ("idx", "<u8"), ("t", "<i8"), ("kind", "<u2"), ("flags", "<u2"),
                        ("a", "<i4"), ("b", "<i8"), ("c", "<i8"), ("d", "<i8")])
@@ -61,27 +71,46 @@ class RingContents:
                               "inputs": self.string(int(last["d"])), "error": bool(last["flags"] & 1)}
         return out
 
+    def steps(self, seqs: np.ndarray) -> np.ndarray:
+        """The step each of ``seqs`` happened in: the step of the latest step event with a smaller seq
+        (between STEP_END n and STEP_BEGIN n+1 that is n).  Before the first step event left in the ring,
+        one less than its step if it is a STEP_BEGIN, its step if it is a STEP_END; 0 with no step event."""
+        marks = self.slots[np.isin(self.slots["kind"], (Kind.STEP_BEGIN, Kind.STEP_END))]
+        if not len(marks):
+            return np.zeros(len(seqs), dtype=np.int64)
+        at = np.searchsorted(marks["seq"], seqs, side="left") - 1
+        first = marks[0]
+        before = int(first["b"]) - 1 if first["kind"] == Kind.STEP_BEGIN and int(first["b"]) > -(1 << 63) \
+            else int(first["b"])
+        return np.where(at >= 0, marks["b"][np.maximum(at, 0)], np.int64(before))
+
     def event_lines(self, kinds: tuple[Kind, ...] | None = None) -> list[str]:
-        """One JSON object per event (optionally only ``kinds``), slots and blobs merged in seq order."""
+        """One JSON object per event (optionally only ``kinds``), slots and blobs merged in seq order.
+
+        Every event has a ``step``: module, step and memory slots store it, the others get
+        :meth:`steps`' (blobs keep a ``step`` of their own payload)."""
         slots = self.slots if kinds is None else self.slots[np.isin(self.slots["kind"], kinds)]
         esc = [json.dumps(x) for x in self.strings] + ["null"]  # index -1 (unknown) → null
         out = np.empty(len(slots), dtype=object)
-        wall = slots["t"] + (self.header.wall_ns - self.header.mono_ns)
+        wall = slots["t"] + np.int64(self.header.wall_ns - self.header.mono_ns)
+        derived = self.steps(slots["seq"])
         for kind in np.unique(slots["kind"]).tolist():
             where = np.nonzero(slots["kind"] == kind)[0]
             part = slots[where]
             ids = {f: np.where((part[f] >= 0) & (part[f] < len(esc) - 1), part[f], -1) for f in ("a", "b", "d")}
             cols = {"seq": part["seq"].tolist(), "t": wall[where].tolist(), "flags": part["flags"].tolist(),
                     "b": part["b"].tolist(), "c": part["c"].tolist(), "d": part["d"].tolist(),
-                    "a_name": [esc[i] for i in ids["a"].tolist()]}
+                    "a_name": [esc[i] for i in ids["a"].tolist()], "step": derived[where].tolist()}
             if kind == Kind.OP:
                 cols["b_name"] = [esc[i] for i in ids["b"].tolist()]
                 cols["d_name"] = [esc[i] for i in ids["d"].tolist()]
             out[where] = _format(kind, cols)
         lines: list[str] = out.tolist()
-        blobs = [b for b in self.blobs if kinds is None or Kind[b[2].upper()] in kinds]
+        blobs = [b for b in self.blobs if kinds is None or _BLOB_KINDS.get(b[2]) in kinds]
         if blobs:
-            lines = _merge(lines, slots["seq"].tolist(), [(b[0], _blob_line(b, self.header)) for b in blobs])
+            blob_steps = self.steps(np.array([b[0] for b in blobs], dtype=np.uint64)).tolist()
+            lines = _merge(lines, slots["seq"].tolist(),
+                           [(b[0], _blob_line(b, self.header, st)) for b, st in zip(blobs, blob_steps)])
         return lines
 
     def events(self) -> list[dict[str, Any]]:
@@ -90,14 +119,15 @@ class RingContents:
 
 def _format(kind: int, c: dict[str, list[Any]]) -> list[str]:
     """The JSON lines of one kind's slots, from column lists (one comprehension per kind: fast)."""
-    seq, t, flags, b, dur, d, a = c["seq"], c["t"], c["flags"], c["b"], c["c"], c["d"], c["a_name"]
+    seq, t, flags, b, dur, d, a, step = c["seq"], c["t"], c["flags"], c["b"], c["c"], c["d"], c["a_name"], c["step"]
     if kind in (Kind.MODULE_ENTER, Kind.MODULE_EXIT):
         name = _NAMES[kind]
         return [f'{{"seq":{s},"t":{w},"kind":"{name}","scope":{n},"step":{st}{_ERR[f & 1]}}}'
                 for s, w, f, n, st in zip(seq, t, flags, a, b)]
     if kind == Kind.OP:
-        return [f'{{"seq":{s},"t":{w},"kind":"op","name":{n},"scope":{sc},"duration_ns":{du},"inputs":{i}'
-                f'{_ERR[f & 1]}}}' for s, w, f, n, sc, du, i in zip(seq, t, flags, a, c["b_name"], dur, c["d_name"])]
+        return [f'{{"seq":{s},"t":{w},"kind":"op","name":{n},"scope":{sc},"step":{st},"duration_ns":{du},'
+                f'"inputs":{i}{_ERR[f & 1]}}}'
+                for s, w, f, n, sc, st, du, i in zip(seq, t, flags, a, c["b_name"], step, dur, c["d_name"])]
     if kind == Kind.STEP_BEGIN:
         return [f'{{"seq":{s},"t":{w},"kind":"step_begin","step":{st}}}' for s, w, st in zip(seq, t, b)]
     if kind == Kind.STEP_END:
@@ -107,9 +137,9 @@ def _format(kind: int, c: dict[str, list[Any]]) -> list[str]:
         return [f'{{"seq":{s},"t":{w},"kind":"memory","device":{n},"step":{st},"used_bytes":{u},"other_bytes":{o}}}'
                 for s, w, n, st, u, o in zip(seq, t, a, b, dur, d)]
     if kind == Kind.COLLECTIVE:
-        return [f'{{"seq":{s},"t":{w},"kind":"collective","desc":{n},"group_seq":{g},"duration_ns":{du},'
-                f'"state":"{_STATES[x] if 0 <= x < 3 else x}"}}' for s, w, n, g, du, x in zip(seq, t, a, b, dur, d)]
-    return [f'{{"seq":{s},"t":{w},"kind":"{_NAMES.get(kind, kind)}"}}' for s, w in zip(seq, t)]
+        return [f'{{"seq":{s},"t":{w},"kind":"collective","desc":{n},"group_seq":{g},"step":{st},"duration_ns":{du},'
+                f'"state":"{_STATES[x] if 0 <= x < 3 else x}"}}' for s, w, n, g, st, du, x in zip(seq, t, a, b, step, dur, d)]
+    return [f'{{"seq":{s},"t":{w},"kind":"{_NAMES.get(kind, kind)}","step":{st}}}' for s, w, st in zip(seq, t, step)]
 
 
 _ERR = ("", ',"error":true')
@@ -129,26 +159,28 @@ def _merge(lines: list[str], seqs: list[int], extra: list[tuple[int, str]]) -> l
 
 
 _NAMES = {k.value: k.name.lower() for k in Kind}
+_BLOB_KINDS = {k.name.lower(): k for k in Kind}
 
 
-def _blob_line(blob: tuple[int, int, str, dict[str, Any]], header: Header) -> str:
+def _blob_line(blob: tuple[int, int, str, dict[str, Any]], header: Header, step: int) -> str:
     seq, t, kind, payload = blob
-    return json.dumps({**payload, "seq": seq, "t": header.wall(t), "kind": kind}, separators=(",", ":"), default=str)
+    return json.dumps({"step": step, **payload, "seq": seq, "t": header.wall(t), "kind": kind},
+                      separators=(",", ":"), default=str)
 
 
-def read_ring(data: Any) -> RingContents:
-    """Decode a ring from a buffer (an mmap of a live ring, or a file's bytes)."""
+def read_ring(data: Any, *, path: str = "<ring>") -> RingContents:
+    """Decode a ring from a buffer (an mmap of a live ring, or a file's bytes); ``path`` names it in errors."""
     view = memoryview(data)
-    header = Header.decode(view)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    header = Header.decode(view, path=path)
     strings = _strings(view, header)
     parts, dropped = [], {}
-    for region in header.rings:
-        end = region.offset + region.capacity * SLOT.size
-        if end > len(view):
-            raise ValueError(f"ring file is truncated: ring {region.name!r} ends at byte {end}, file has {len(view)}")
+    for region in header.rings:  # Header.decode checked that every region lies inside the file
         slots = np.frombuffer(view, SLOT_DTYPE, region.capacity, region.offset)
         slots = slots[slots["seq"] > 0].copy()
-        dropped[region.name] = max(0, int(slots["idx"].max()) - region.capacity) if len(slots) else 0
+        top = int(slots["idx"].max()) if len(slots) else 0
+        dropped[region.name] = max(0, top - region.capacity)
         parts.append(slots)
     merged = np.concatenate(parts) if parts else np.empty(0, SLOT_DTYPE)
     merged = merged[np.argsort(merged["seq"], kind="stable")]
@@ -157,9 +189,41 @@ def read_ring(data: Any) -> RingContents:
     return RingContents(header, strings, merged, blobs, dropped)
 
 
-def read_ring_file(path: str) -> RingContents:
-    with open(path, "rb") as fh:
-        return read_ring(fh.read())
+def _read_all(fd: int, path: str) -> bytes:
+    with open(fd, "rb", closefd=False) as fh:
+        data = fh.read()
+    if not data:
+        raise NotOurFileError(f"{path}: empty file, not an obs ring file", path=path)
+    return data
+
+
+def read_ring_file(path: str, *, fd: int | None = None) -> RingContents:
+    """Read the ring file ``path`` (opened with ``safe_files.open_private``: no symlink, a regular file of
+    this user), or the already open ``fd`` (left open)."""
+    own = fd is None
+    if own:
+        fd = safe_files.open_private(path)
+    try:
+        return read_ring(_read_all(fd, path), path=path)
+    finally:
+        if own:
+            os.close(fd)
+
+
+def read_header_file(path: str, *, fd: int | None = None) -> Header:
+    """Only the header of ring file ``path`` (checked against the file's size), as cheaply as possible."""
+    own = fd is None
+    if own:
+        fd = safe_files.open_private(path)
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, HEADER_SIZE, 0)
+        if not data:
+            raise NotOurFileError(f"{path}: empty file, not an obs ring file", path=path)
+        return Header.decode(data, path=path, size=size)
+    finally:
+        if own:
+            os.close(fd)
 
 
 def _strings(view: memoryview, header: Header) -> list[str]:
@@ -184,7 +248,7 @@ def _blobs(view: memoryview, header: Header) -> tuple[list[tuple[int, int, str, 
         top = max(top, idx)
         try:
             payload = json.loads(bytes(view[at + BLOB.size:at + BLOB.size + length]))
-        except ValueError:
+        except (ValueError, RecursionError):  # a blob torn by a kill mid-write: keep the rest
             payload = {"unreadable": True}
         out.append((seq, t, _NAMES.get(kind, str(kind)), payload if isinstance(payload, dict) else {"value": payload}))
     out.sort(key=lambda b: b[0])

@@ -65,26 +65,34 @@ def build_parser() -> argparse.ArgumentParser:
                    "is truncated (the writer was killed) instead of failing")
     p.add_argument("--json", action="store_true", help="one JSON object per call (JSON lines)")
 
-    p = sub.add_parser("rdr", help="post-mortem: Running Data Recorder bundles")
+    p = sub.add_parser("rdr", help="post-mortem: Running Data Recorder bundles",
+                       description="Post-mortem views of RDR bundles. --json: one JSON document for a single "
+                       "object (ls, show, recover), JSON lines (one record per line) for streams (events). "
+                       "Exit 1 when a bundle or ring is damaged (the others are still shown), 2 on bad input.")
     rsub = p.add_subparsers(dest="rdr_command", metavar="ACTION")
     rsub.required = True
     r = rsub.add_parser("ls", help="bundles under PATH, newest first (default $MS_RDR_PATH or .)")
-    r.add_argument("path", nargs="?")
-    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.add_argument("path", nargs="?", help="an RDR root, a rank or rdr folder (default $MS_RDR_PATH or .)")
+    r.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
     r = rsub.add_parser("show", help="what happened: reason, step, failing module/op, exception, timeline, stacks")
     r.add_argument("bundle", help="a bundle folder, an rdr folder (its newest bundle) or .../latest")
     r.add_argument("--last", type=int, default=30, help="events in the timeline (default 30)")
-    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.add_argument("--all-threads", action="store_true", help="also show the stacks of obs's own threads "
+                   "(obs-*, the watchdog), collapsed by default")
+    r.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
     r = rsub.add_parser("events", help="the recorded events of a bundle")
     r.add_argument("bundle")
     r.add_argument("--kind", action="append", default=[], help="only these kinds (repeatable or comma-separated): "
                    "step_begin, step_end, module_enter, module_exit, op, memory, collective, print, fault, "
                    "settings, graph, marker")
+    r.add_argument("--step", type=int, default=None, help="only the events of training step N (every event has "
+                   "one, at every granularity)")
     r.add_argument("--last", type=int, default=None, help="only the last N")
-    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.add_argument("--json", action="store_true", help="machine-readable output (JSON lines: one event per line)")
     r = rsub.add_parser("recover", help="turn the rings of dead processes (SIGKILL, OOM, segfault) into bundles")
-    r.add_argument("path", help="an rdr folder, a tree of them, or one ring file")
-    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.add_argument("path", nargs="?", help="an rdr folder, a tree of them, or one ring file (default $MS_RDR_PATH "
+                   "or .)")
+    r.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
     p = sub.add_parser("run", help="run a Python script with obs settings applied (like python -m cProfile)")
     p.set_defaults(usage_error=p.error)
@@ -179,9 +187,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.rdr_command == "ls":
             return view.run_ls(args.path, as_json=args.json)
         if args.rdr_command == "show":
-            return view.run_show(args.bundle, last=args.last, as_json=args.json)
+            return view.run_show(args.bundle, last=args.last, as_json=args.json, all_threads=args.all_threads)
         if args.rdr_command == "events":
-            return view.run_events(args.bundle, kinds=args.kind, last=args.last, as_json=args.json)
+            return view.run_events(args.bundle, kinds=args.kind, last=args.last, as_json=args.json, step=args.step)
         return view.run_recover(args.path, as_json=args.json)
     if args.command == "run":
         from obs.cli._run import run_script

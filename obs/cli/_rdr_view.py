@@ -1,8 +1,16 @@
-"""``obs rdr ls | show | events | recover``: post-mortem views of RDR bundles (rendering only)."""
+"""``obs rdr ls | show | events | recover``: post-mortem views of RDR bundles (rendering only).
+
+Conventions (DESIGN §7): paths and commands are printed whole (never wrapped or cut); every string
+a bundle supplies is escaped with :func:`clean` and rendered as plain text (never as markup);
+``--json`` gives one JSON document for a single object (``ls``, ``show``, ``recover``) and JSON lines
+for a stream of records (``events``).  A bad bundle or ring is reported and the rest still shown;
+the command then exits 1.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from dataclasses import asdict
 from typing import Any
@@ -12,79 +20,130 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from obs.cli._render import console, print_json
-from recorder.bundle_reader import Bundle, list_bundles, load_bundle
+from obs.cli._render import clean, console, err_console, print_json, print_json_lines
+from recorder.bundle_reader import EVENT_KINDS, Bundle, list_bundles, load_bundle
 
-__all__ = ["run_events", "run_ls", "run_recover", "run_show"]
+__all__ = ["default_root", "run_events", "run_ls", "run_recover", "run_show"]
+
+EXIT_OK, EXIT_PROBLEM = 0, 1
 
 
-def _when(ns: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9)) + f".{ns // 1_000_000 % 1000:03d}"
+def _when(ns: Any) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9)) + f".{ns // 1_000_000 % 1000:03d}"
+    except (TypeError, ValueError, OverflowError, OSError):
+        return clean(ns)
 
 
 def default_root() -> str:
+    """Where ``ls`` and ``recover`` look without a path: ``$MS_RDR_PATH``, else the current folder."""
     return os.environ.get("MS_RDR_PATH") or os.getcwd()
+
+
+def _plain(text: Any, style: str = "") -> Text:
+    """File-supplied text, control characters escaped, never read as markup."""
+    return Text(clean(text), style=style)
+
+
+def _say_problems(problems: list[Exception], what: str) -> None:
+    err = err_console()
+    for exc in problems:
+        err.print(Text.assemble(("obs: error: ", "bold red"), f"{what}: ", clean(str(exc))), soft_wrap=True)
 
 
 def run_ls(path: str | None, *, as_json: bool) -> int:
     root = path or default_root()
     listing = list_bundles(root)
+    status = EXIT_PROBLEM if listing.damaged else EXIT_OK
     if as_json:
         print_json({"root": root, "bundles": [{**asdict(b), "name": b.name} for b in listing.bundles],
-                    "rings_to_recover": [r.path for r in listing.rings], "incomplete": listing.incomplete})
-        return 0
+                    "rings_to_recover": [r.path for r in listing.rings], "incomplete": listing.incomplete,
+                    "damaged": [str(e) for e in listing.damaged], "skipped": [str(e) for e in listing.skipped]})
+        return status
     out = console()
     if not listing.bundles:
-        out.print(f"no RDR bundles under {root}")
+        out.print(Text(f"no RDR bundles under {clean(root)}"), soft_wrap=True)
     else:
-        table = Table(title=f"RDR bundles under {root}, newest first", title_justify="left")
-        table.add_column("bundle (UTC stamp_pid_reason)", overflow="fold")
-        for column in ("rank", "reason", "step"):
-            table.add_column(column, no_wrap=True)
-        for b in listing.bundles:
-            reason = Text(b.reason + (" (recovered)" if b.recovered else ""),
-                          style="green" if b.reason == "normal_end" else "bold red")
-            table.add_row(os.path.relpath(b.path, root), str(b.rank), reason, str(b.step))
-        out.print(table)
+        out.print(Text(f"RDR bundles under {clean(root)}, newest first:"), soft_wrap=True)
+        rows = [(clean(os.path.relpath(b.path, root)), str(b.rank), clean(_reason(b.reason, b.recovered)),
+                 str(b.step), b.reason) for b in listing.bundles]
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(("bundle", "rank", "reason"))]
+        out.print(Text(f"  {'bundle':<{widths[0]}}  {'rank':>{widths[1]}}  {'reason':<{widths[2]}}  step",
+                       style="bold"), soft_wrap=True)
+        for name, rank, reason, step, raw in rows:
+            style = "green" if raw == "normal_end" else "bold red"
+            out.print(Text.assemble(f"  {name:<{widths[0]}}  {rank:>{widths[1]}}  ",
+                                    (f"{reason:<{widths[2]}}", style), f"  {step}"), soft_wrap=True)
     for ring in listing.rings:
-        out.print(f"[yellow]ring of pid {ring.pid} was never dumped (process killed?):[/] {ring.path}\n"
-                  f"  turn it into a bundle with: obs rdr recover {os.path.dirname(ring.path)}", highlight=False)
+        out.print(Text.assemble(("ring of pid ", "yellow"), (f"{ring.pid} was never dumped (process killed?): ",
+                                                               "yellow"), clean(ring.path)), soft_wrap=True)
+        out.print(Text(f"  turn it into a bundle with: obs rdr recover {shlex.quote(clean(os.path.dirname(ring.path)))}"),
+                  soft_wrap=True)
     for folder in listing.incomplete:
-        out.print(f"[dim]interrupted dump (ignored): {folder}[/]", highlight=False)
-    return 0
+        out.print(Text(f"interrupted dump (ignored): {clean(folder)}", style="dim"), soft_wrap=True)
+    for exc in listing.skipped:
+        out.print(Text(f"skipped, not an RDR bundle: {clean(str(exc))}", style="dim"), soft_wrap=True)
+    _say_problems(listing.damaged, "cannot read")
+    return status
+
+
+def _reason(reason: str, recovered: bool) -> str:
+    """The reason, marked when the bundle was recovered from a ring (once: a reason may already say so)."""
+    return f"{reason} (recovered)" if recovered and "recovered" not in reason else reason
+
+
+def _num(value: Any, scale: float = 1.0, fmt: str = ".1f") -> str:
+    return format(value / scale, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else clean(value)
 
 
 def _what(event: dict[str, Any]) -> str:
     kind = event.get("kind")
+    if kind == "module_exit" and event.get("error") is True:
+        return f"{clean(event.get('scope'))} raised"
     if kind in ("module_enter", "module_exit"):
-        return str(event.get("scope"))
+        return clean(event.get("scope"))
     if kind == "op":
-        return f"{event.get('name')}  {event.get('inputs', '')}  @ {event.get('scope') or '-'}"
+        return (f"{clean(event.get('name'))}  {clean(event.get('inputs', ''))}  @ {clean(event.get('scope') or '-')}"
+                + ("  raised" if event.get("error") is True else ""))
     if kind in ("step_begin", "step_end"):
-        return f"step {event.get('step')}"
+        return f"step {clean(event.get('step'))}"
     if kind == "memory":
-        return f"{event.get('device')}: {event.get('used_bytes', 0) / 2**20:.1f} MiB used"
+        return f"{clean(event.get('device'))}: {_num(event.get('used_bytes', 0), 2**20)} MiB used"
     if kind == "collective":
-        return f"{event.get('desc')} #{event.get('group_seq')} {event.get('state')}"
+        return f"{clean(event.get('desc'))} #{clean(event.get('group_seq'))} {clean(event.get('state'))}"
     if kind == "print":
-        return " ".join(str(v) for v in event.get("values", []))
+        values = event.get("values", [])
+        return clean(" ".join(str(v) for v in values) if isinstance(values, list) else values)
     if kind == "fault":
-        return f"{event.get('fault')} at {event.get('detail')}: {event.get('error', '')}"
-    rest = {k: v for k, v in event.items() if k not in ("seq", "t", "kind")}
-    return ", ".join(f"{k}={v}" for k, v in rest.items())
+        return clean(f"{event.get('fault')} at {event.get('detail')}: {event.get('error', '')}")
+    rest = {k: v for k, v in event.items() if k not in ("seq", "t", "kind", "step")}
+    return clean(", ".join(f"{k}={v}" for k, v in rest.items()))
+
+
+def _kind(event: dict[str, Any]) -> str:
+    kind = clean(event.get("kind"))
+    return f"{kind} (raised)" if event.get("error") is True and kind in ("module_exit", "op") else kind
 
 
 def _timeline(events: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in ("seq", "t (ms)", "kind", "what", "duration"):
-        table.add_column(column, justify="right" if column in ("seq", "t (ms)", "duration") else "left")
+    table = Table(title=clean(title), title_justify="left")
+    for column in ("seq", "t (ms)", "step", "kind", "what", "duration"):
+        table.add_column(column, justify="right" if column in ("seq", "t (ms)", "step", "duration") else "left")
     end = events[-1]["t"] if events else 0
     for e in events:
         duration = e.get("duration_ns")
-        style = "bold red" if e.get("error") or e.get("kind") == "fault" else ""
-        table.add_row(str(e.get("seq")), f"{(e['t'] - end) / 1e6:+.3f}", str(e.get("kind")), Text(_what(e), style=style),
+        style = "bold red" if e.get("error") is True or e.get("kind") == "fault" else ""
+        table.add_row(str(e["seq"]), f"{(e['t'] - end) / 1e6:+.3f}", clean(e.get("step", "")),
+                      Text(_kind(e), style=style), Text(_what(e), style=style),
                       f"{duration / 1e3:.1f} µs" if isinstance(duration, int) and duration else "")
     return table
+
+
+def _where(where: Any) -> str:
+    if not isinstance(where, dict):
+        return clean(where)
+    return clean(f"{where.get('file')}:{where.get('line')} in {where.get('function')}")
 
 
 def _header(b: Bundle) -> Panel:
@@ -92,94 +151,142 @@ def _header(b: Bundle) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("reason", Text(m.get("reason", "?"), style="bold red" if m.get("reason") != "normal_end" else "green"))
-    grid.add_row("when", _when(int(m.get("created_ns", 0))))
-    grid.add_row("where", f"host {m.get('host')}  pid {m.get('pid')}  rank {m.get('rank')}/{m.get('world_size')}  "
-                          f"run {m.get('run_id')}")
-    grid.add_row("step reached", str(m.get("step")))
-    if m.get("fault"):
-        grid.add_row("fault", f"{m['fault'].get('kind')}: {m['fault'].get('where')}")
-    if m.get("exception"):
-        e = m["exception"]
-        where = e.get("where") or {}
-        grid.add_row("exception", Text(f"{e['type']}: {e['message']}", style="bold red"))
-        if where:
-            grid.add_row("raised at", f"{where.get('file')}:{where.get('line')} in {where.get('function')}")
+    reason = _reason(b.info.reason, b.info.recovered)
+    grid.add_row("reason", _plain(reason, "bold red" if b.info.reason != "normal_end" else "green"))
+    grid.add_row("when", _when(b.info.created_ns))
+    grid.add_row("where", _plain(f"host {m.get('host')}  pid {m.get('pid')}  rank {m.get('rank')}/"
+                                 f"{m.get('world_size')}  run {m.get('run_id')}"))
+    grid.add_row("step reached", str(b.info.step))
+    fault = m.get("fault")
+    if fault:
+        grid.add_row("fault", _plain(f"{fault.get('kind')}: {fault.get('where')}"))
+    exc = m.get("exception")
+    if exc:
+        grid.add_row("exception", _plain(f"{exc.get('type')}: {exc.get('message')}", "bold red"))
+        if exc.get("where"):
+            raised = Text(_where(exc["where"]))
+            if exc.get("raised_in"):
+                raised.append(f"  (in {_where(exc['raised_in'])})", style="dim")
+            grid.add_row("raised at", raised)
     if m.get("last_module"):
-        grid.add_row("last module", str(m["last_module"]))
+        grid.add_row("last module", _plain(m["last_module"]))
     if m.get("open_modules"):
-        grid.add_row("inside modules", " > ".join(m["open_modules"]))
-    if m.get("last_op"):
-        op = m["last_op"]
-        grid.add_row("last op", f"{op['name']} {op.get('inputs', '')} @ {op.get('scope') or '-'}"
-                                + (" (raised)" if op.get("error") else ""))
+        grid.add_row("inside modules", _plain(" > ".join(str(x) for x in m["open_modules"])))
+    op = m.get("last_op")
+    if op:
+        grid.add_row("last op", _plain(f"{op.get('name')} {op.get('inputs', '')} @ {op.get('scope') or '-'}"
+                                       + (" (raised)" if op.get("error") else "")))
     dropped = {k: v for k, v in (m.get("dropped") or {}).items() if v}
-    grid.add_row("recorded", f"{m.get('recorded', {}).get('events', 0)} events at {m.get('granularity')} granularity"
-                             + (f"; overwritten: {dropped}" if dropped else ""))
+    grid.add_row("recorded", _plain(f"{(m.get('recorded') or {}).get('events', 0)} events at "
+                                    f"{m.get('granularity')} granularity"
+                                    + (f"; overwritten: {dropped}" if dropped else "")))
     versions = m.get("versions") or {}
-    grid.add_row("versions", "  ".join(f"{k} {v}" for k, v in versions.items()))
-    return Panel(grid, title=os.path.basename(b.info.path), title_align="left", expand=False)
+    grid.add_row("versions", _plain("  ".join(f"{k} {v}" for k, v in versions.items())))
+    return Panel(grid, title=clean(b.info.name), title_align="left", expand=False)
 
 
-def _stacks(b: Bundle, frames: int) -> Tree:
+def _ours(thread: dict[str, Any]) -> bool:
+    """obs's own threads (named ``obs-*``: the config watcher, the hang watchdog)."""
+    name = thread["thread"]
+    return name.startswith("obs-") or "watchdog" in name
+
+
+def _stacks(b: Bundle, frames: int, all_threads: bool) -> Tree:
     tree = Tree("stacks of all threads at the dump")
+    hidden = []
     for s in b.stacks:
-        node = tree.add(f"[bold]{s['thread']}[/]" + (" (main)" if s.get("main") else ""))
+        if _ours(s) and not all_threads:
+            hidden.append(clean(s["thread"]))
+            continue
+        node = tree.add(Text(clean(s["thread"]), style="bold").append(" (main)" if s.get("main") else ""))
         for f in s["frames"][-frames:]:
-            node.add(Text(f"{f['file']}:{f['line']} in {f['function']}" + (f"  — {f['code']}" if f.get("code") else ""),
+            node.add(Text(clean(f"{f['file']}:{f.get('line')} in {f['function']}"
+                                + (f"  — {f['code']}" if f.get("code") else "")),
                           style="dim" if "/obs/" in f["file"] or "/recorder/" in f["file"] else ""))
+    if hidden:
+        tree.add(Text(f"{len(hidden)} thread(s) of obs itself hidden ({', '.join(hidden)}); --all-threads shows "
+                      "them", style="dim"))
     return tree
 
 
-def run_show(path: str, *, last: int, as_json: bool) -> int:
+def _positive(value: int | None, option: str) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{option} must be a whole number >= 1 (got {value})")
+
+
+def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) -> int:
+    _positive(last, "--last")
     b = load_bundle(path)
     events = b.events(last=last)
     if as_json:
         print_json({"bundle": b.info.path, "manifest": b.manifest, "exception": b.exception, "last_events": events,
                     "memory": b.events({"memory"}, last=5), "stacks": b.stacks, "fatal_stacks": b.fatal_stacks,
                     "graphs": b.graphs})
-        return 0
+        return EXIT_OK
     out = console()
+    out.print(Text.assemble(("bundle: ", "bold"), clean(b.info.path)), soft_wrap=True)
     out.print(_header(b))
     if b.exception:
-        out.print(Panel(Text(b.exception["traceback"].rstrip()), title="exception", title_align="left",
+        out.print(Panel(_plain(b.exception.get("traceback", "").rstrip()), title="exception", title_align="left",
                         border_style="red"))
     out.print(_timeline(events, f"last {len(events)} events (t relative to the last one)"))
     memory = b.events({"memory"}, last=3)
     if memory:
-        out.print("memory: " + "  |  ".join(f"step {e['step']}: {e['used_bytes'] / 2**20:.1f} MiB" for e in memory))
+        out.print(_plain("memory: " + "  |  ".join(f"step {e.get('step')}: {_num(e.get('used_bytes'), 2**20)} MiB"
+                                                    for e in memory)))
     if b.fatal_stacks:
-        out.print(Panel(Text(b.fatal_stacks.rstrip()), title="fatal signal (faulthandler)", title_align="left",
+        out.print(Panel(_plain(b.fatal_stacks.rstrip()), title="fatal signal (faulthandler)", title_align="left",
                         border_style="red"))
     if b.stacks:
-        out.print(_stacks(b, frames=8))
+        out.print(_stacks(b, frames=8, all_threads=all_threads))
     for graph in b.graphs:
-        out.print(f"graph: {graph}")
-    return 0
+        out.print(Text(f"graph: {clean(graph)}"), soft_wrap=True)
+    return EXIT_OK
 
 
-def run_events(path: str, *, kinds: list[str], last: int | None, as_json: bool) -> int:
+def _kinds(items: list[str]) -> set[str] | None:
+    wanted = {k.strip() for item in items for k in item.split(",") if k.strip()}
+    unknown = sorted(wanted - set(EVENT_KINDS))
+    if unknown:
+        raise ValueError(f"unknown event kind{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"(expected one of: {', '.join(EVENT_KINDS)})")
+    return wanted or None
+
+
+def run_events(path: str, *, kinds: list[str], last: int | None, as_json: bool, step: int | None = None) -> int:
+    wanted = _kinds(kinds)
+    _positive(last, "--last")
     b = load_bundle(path)
-    wanted = {k.strip() for item in kinds for k in item.split(",") if k.strip()} or None
-    events = b.events(wanted, last=last)
+    events = b.events(wanted, last=last, step=step)
     if as_json:
-        print_json(events)
-        return 0
-    console().print(_timeline(events, f"{b.info.name}: {len(events)} events"
-                                      + (f" of kind {', '.join(sorted(wanted))}" if wanted else "")))
-    return 0
-
-
-def run_recover(path: str, *, as_json: bool) -> int:
-    from recorder.recover import recover_rings
-
-    made = recover_rings(path)
-    if as_json:
-        print_json({"recovered": made})
-        return 0
+        print_json_lines(events)
+        return EXIT_OK
+    title = f"{b.info.name}: {len(events)} events" + (f" of kind {', '.join(sorted(wanted))}" if wanted else "") \
+        + (f" in step {step}" if step is not None else "")
     out = console()
-    if not made:
-        out.print(f"nothing to recover under {path} (no ring of a dead process)")
-    for bundle in made:
-        out.print(f"recovered [bold]{bundle}[/]\n  see it with: obs rdr show {bundle}", highlight=False)
-    return 0
+    out.print(Text.assemble(("bundle: ", "bold"), clean(b.info.path)), soft_wrap=True)
+    out.print(_timeline(events, title))
+    granularity = b.manifest.get("granularity")
+    if not events and wanted and "op" in wanted and granularity != "op":
+        out.print(Text(f"no op events: this run recorded at {clean(granularity)} granularity; op events need "
+                       '"granularity": "op" in the rdr section of the env config'), soft_wrap=True)
+    return EXIT_OK
+
+
+def run_recover(path: str | None, *, as_json: bool) -> int:
+    from recorder.recover import recover
+
+    root = path or default_root()
+    result = recover(root)
+    status = EXIT_PROBLEM if result.problems else EXIT_OK
+    if as_json:
+        print_json({"recovered": result.made, "alive": result.alive, "problems": [str(e) for e in result.problems]})
+        return status
+    out = console()
+    if not result.made and not result.problems:
+        out.print(Text(f"nothing to recover under {clean(root)} (no ring of a dead process)"), soft_wrap=True)
+    for bundle in result.made:
+        out.print(Text.assemble("recovered ", (clean(bundle), "bold")), soft_wrap=True)
+        out.print(Text(f"  see it with: obs rdr show {shlex.quote(clean(bundle))}"), soft_wrap=True)
+    _say_problems(result.problems, "not recovered")
+    return status

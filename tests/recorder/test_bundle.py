@@ -8,6 +8,7 @@ import stat
 
 import pytest
 
+from obs._core.errors import DamagedFileError
 from recorder.bundle import bundle_name, safe_name, write_bundle
 from recorder.bundle_reader import find_bundle, list_bundles, load_bundle
 
@@ -59,8 +60,9 @@ def test_bad_bundles_are_named(tmp_path):
     path = make(tmp_path, created_ns=5)
     with open(os.path.join(path, "manifest.json"), "w") as fh:
         fh.write("{not json")
-    with pytest.raises(ValueError, match="manifest is not valid JSON"):
+    with pytest.raises(DamagedFileError, match="manifest.json: not valid JSON at byte 1") as caught:
         load_bundle(path)
+    assert caught.value.offset == 1 and caught.value.path.endswith("manifest.json")
     newer = make(tmp_path, created_ns=6, schema_version=99)
     with pytest.raises(ValueError, match="schema_version 99 is newer"):
         load_bundle(newer)
@@ -74,5 +76,7 @@ def test_corrupt_events_name_the_line(tmp_path):
     path = make(tmp_path)
     with open(os.path.join(path, "events.jsonl"), "a") as fh:
         fh.write("\n{broken\n")
-    with pytest.raises(ValueError, match="events.jsonl: line 3 is not JSON"):
+    size = os.path.getsize(os.path.join(path, "events.jsonl"))
+    with pytest.raises(DamagedFileError, match=f"events.jsonl: not valid JSON at byte {size - 7}") as caught:
         load_bundle(path).events()
+    assert caught.value.offset == size - 7

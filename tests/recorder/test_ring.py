@@ -139,7 +139,7 @@ def test_header_round_trip():
     strings, blobs, rings, size = plan(DEFAULT_CAPACITY)
     header = Header(1, 2, 3, 4, 5, strings, 6, blobs, rings, {"k": "v"})
     data = header.encode()
-    assert data[:8] == MAGIC and Header.decode(data) == header and size > len(data)
+    assert data[:8] == MAGIC and Header.decode(data, size=size) == header and size > len(data)
     with pytest.raises(ValueError, match="too large"):
         Header(1, 2, 3, 4, 5, strings, 6, blobs, rings, {"k": "v" * 5000}).encode()
     assert json.loads(json.dumps(header.meta)) == {"k": "v"}

@@ -44,8 +44,8 @@ def test_show_tells_what_happened(crashed):
 
 def test_events_filters_by_kind_and_count(crashed):
     bundle = str(crashed / "rdr")
-    data = json.loads(obs_cli("rdr", "events", bundle, "--kind", "module_enter,step_begin", "--last", "4",
-                              "--json").stdout)
+    data = [json.loads(line) for line in obs_cli("rdr", "events", bundle, "--kind", "module_enter,step_begin",
+                                                 "--last", "4", "--json").stdout.splitlines()]
     assert [e["kind"] for e in data] == ["step_begin", "module_enter", "module_enter", "module_enter"]
     assert data[-1]["scope"] == "Default/net-Net/act-ReLU"
     pretty = obs_cli("rdr", "events", bundle, "--kind", "print")
