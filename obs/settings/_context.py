@@ -2,8 +2,9 @@
 
 Side effects live in *appliers* (env config + hot reload, the PyTorch runtime, later the print
 sink...).  A call is validated completely, then every applier *prepares* (may raise, no side
-effects), then the snapshot is swapped and every applier *commits*.  A commit that fails rolls
-the earlier commits back, so a failing call changes nothing.
+effects), then the snapshot is swapped and every applier *commits*.  A commit that fails is rolled
+back with the earlier ones (each is committed again with the old values), so a failing call
+changes nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from obs._core.events import Event, bus
+from obs._core.internal import report_internal_error
 from obs.settings._table import canonical_device
 from obs.settings._validators import Dict
 from obs.settings.context_options import CONTEXT_OPTIONS
@@ -100,17 +102,20 @@ def _swap(old: Mapping[str, Any], new: dict[str, Any], source: str) -> None:
     frozen = MappingProxyType(new)
     involved = [a for a in _appliers if a.keys & changes.keys()]
     prepared = [a.prepare(frozen, changes) for a in involved]
-    committed: list[Applier] = []
+    touched: list[Applier] = []
     _values = frozen
     try:
         for applier, token in zip(involved, prepared):
+            touched.append(applier)  # before commit: a commit that fails half-way is rolled back too
             applier.commit(token, frozen, changes)
-            committed.append(applier)
     except BaseException:
         _values = old
         back = {k: (b, a) for k, (a, b) in changes.items()}
-        for applier in reversed(committed):
-            applier.commit(applier.prepare(old, back), old, back)
+        for applier in reversed(touched):
+            try:
+                applier.commit(applier.prepare(old, back), old, back)
+            except Exception as exc:  # the original failure is the one the caller must see
+                report_internal_error(f"settings rollback of {type(applier).__name__}", exc)
         raise
     bus.emit(Event.SETTINGS_CHANGED, source, changes)
 

@@ -125,6 +125,10 @@ class Str(Validator):
             raise fail(name, "a non-empty string", value)
         if "\x00" in value:
             raise fail(name, "a string without NUL characters", value)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no file name, no log line can hold it
+            raise fail(name, "valid Unicode text (no lone surrogates)", value) from None
         if self.pattern is not None and not re.fullmatch(self.pattern, value):
             raise fail(name, self.expectation or f"a string matching {self.pattern!r}", value)
         return value
