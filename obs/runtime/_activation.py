@@ -1,4 +1,8 @@
-"""Loads the PyTorch adapter the first time someone subscribes to an event only it can publish."""
+"""Loads the PyTorch adapter the first time something needs what only it can detect.
+
+That is a subscriber to an event only the adapter publishes, or a feature that declared it
+needs step numbers (:meth:`obs.runtime.steps.StepTracker.require`, e.g. Print to file).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import importlib.util
 import sys
 
 from obs._core.events import Event, bus
+from obs.runtime.steps import tracker
 
 __all__ = ["TORCH_EVENTS", "install"]
 
@@ -13,11 +18,21 @@ TORCH_EVENTS = frozenset({Event.STEP_BEGIN, Event.STEP_END, Event.MODULE_ENTER, 
                           Event.MEMORY, Event.COLLECTIVE})
 
 
+def _load_adapter() -> None:
+    if "obs.runtime.torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
+        import obs.runtime.torch  # noqa: F401  (the adapter syncs itself with the bus and the tracker on import)
+
+
 def _on_change(event: Event) -> None:
-    if event in TORCH_EVENTS and bus.has_subscribers(event) and "obs.runtime.torch" not in sys.modules:
-        if importlib.util.find_spec("torch") is not None:
-            import obs.runtime.torch  # noqa: F401  (the adapter syncs itself with the bus on import)
+    if event in TORCH_EVENTS and bus.has_subscribers(event):
+        _load_adapter()
+
+
+def _on_demand() -> None:
+    if tracker.wanted:
+        _load_adapter()
 
 
 def install() -> None:
     bus.watch(_on_change)
+    tracker.watch(_on_demand)

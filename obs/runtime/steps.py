@@ -3,6 +3,14 @@
 Pure Python (no torch): the PyTorch adapter calls :meth:`StepTracker.auto_begin` /
 :meth:`auto_end` from its optimizer and module hooks.  Once user code marks steps explicitly,
 the detected boundaries are ignored so a step is never counted twice.
+
+A step is a *training* step: it ends when ``optimizer.step()`` returns, and a forward under
+``torch.no_grad()`` / ``torch.inference_mode()`` between steps (evaluation) opens none; what it
+records carries the current (last) step's number.
+
+Steps are detected while someone needs them: a subscriber of STEP_BEGIN / STEP_END / MEMORY,
+or a feature that stamps records with ``tracker.step`` without subscribing (Print to file)
+and says so with :meth:`StepTracker.require`.  With neither, nothing is installed.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from typing import Any, TypeVar
 from obs._core.events import Event, bus
 from obs._core.internal import report_internal_error
 
-__all__ = ["MEMORY_INTERVAL_NS", "StepTracker", "step", "steps", "tracker"]
+__all__ = ["MEMORY_INTERVAL_NS", "StepDemand", "StepTracker", "step", "steps", "tracker"]
 
 #: MEMORY is sampled at a step end at most this often: reading RSS or CUDA allocator statistics
 #: costs 15-50 µs, a few percent of a millisecond step.
@@ -25,10 +33,39 @@ MEMORY_INTERVAL_NS = 50_000_000
 T = TypeVar("T")
 
 
+class StepDemand:
+    """One feature's need for step numbers; ``remove()`` (idempotent) or leave the ``with`` block to drop it."""
+
+    __slots__ = ("reason", "_tracker")
+
+    def __init__(self, tracker: StepTracker, reason: str) -> None:
+        self.reason = reason
+        self._tracker: StepTracker | None = tracker
+
+    @property
+    def active(self) -> bool:
+        return self._tracker is not None
+
+    def remove(self) -> None:
+        owner, self._tracker = self._tracker, None
+        if owner is not None:
+            owner._drop(self)
+
+    def __enter__(self) -> StepDemand:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        return f"StepDemand({self.reason!r}, active={self.active})"
+
+
 class StepTracker:
     """Counts steps and emits STEP_BEGIN / STEP_END."""
 
-    __slots__ = ("step", "in_step", "explicit", "memory_probe", "_began_ns", "_memory_ns", "_lock")
+    __slots__ = ("step", "in_step", "explicit", "memory_probe", "_began_ns", "_memory_ns", "_lock", "_demands",
+                 "_watchers")
 
     def __init__(self) -> None:
         self.step = 0  #: number of the current (or last) step, counting from 1
@@ -39,6 +76,58 @@ class StepTracker:
         self._began_ns = 0
         self._memory_ns: int | None = None
         self._lock = threading.Lock()
+        self._demands: tuple[StepDemand, ...] = ()
+        self._watchers: tuple[Callable[[], None], ...] = ()
+
+    # -- who needs steps ----------------------------------------------------------------------
+    def require(self, reason: str) -> StepDemand:
+        """Declare that a feature stamps records with :attr:`step` (e.g. ``"Print to file"``).
+
+        While any demand is held, the runtime adapter detects steps even with no STEP subscriber.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise TypeError(f"reason must be a non-empty str naming the feature (got {reason!r})")
+        demand = StepDemand(self, reason)
+        with self._lock:
+            self._demands = self._demands + (demand,)
+        self._notify()
+        return demand
+
+    def _drop(self, demand: StepDemand) -> None:
+        with self._lock:
+            kept = tuple(d for d in self._demands if d is not demand)
+            changed, self._demands = len(kept) != len(self._demands), kept
+        if changed:
+            self._notify()
+
+    @property
+    def demands(self) -> tuple[str, ...]:
+        """The reasons of the demands held now."""
+        return tuple(d.reason for d in self._demands)
+
+    @property
+    def wanted(self) -> bool:
+        """True while some feature declared it needs step numbers (see :meth:`require`)."""
+        return bool(self._demands)
+
+    def watch(self, watcher: Callable[[], None]) -> Callable[[], None]:
+        """Call ``watcher()`` whenever the demands change; returns an undo."""
+        with self._lock:
+            self._watchers = self._watchers + (watcher,)
+
+        def undo() -> None:
+            with self._lock:
+                self._watchers = tuple(w for w in self._watchers if w is not watcher)
+        return undo
+
+    def _notify(self) -> None:
+        for watcher in self._watchers:
+            try:
+                watcher()
+            except Exception as exc:
+                report_internal_error(f"step demand watcher {getattr(watcher, '__qualname__', watcher)}", exc)
+
+    # -- boundaries ---------------------------------------------------------------------------
 
     def begin(self, *, explicit: bool = False) -> None:
         with self._lock:
@@ -71,7 +160,7 @@ class StepTracker:
                 bus.emit(Event.MEMORY, number, stats)
 
     def auto_begin(self) -> None:
-        """A detected begin (first module call or optimizer pre-hook of a step)."""
+        """A detected begin: the optimizer pre-hook, or the first module / compiled-graph call with grad enabled."""
         if not self.explicit and not self.in_step:
             self.begin()
 
@@ -81,6 +170,7 @@ class StepTracker:
             self.end()
 
     def reset(self) -> None:
+        """Back to step 0 outside any step; demands and watchers are kept (their owners drop them)."""
         with self._lock:
             self.step, self.in_step, self.explicit = 0, False, False
             self._memory_ns = None

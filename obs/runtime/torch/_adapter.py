@@ -1,11 +1,12 @@
 """Installs exactly the PyTorch hooks that current subscribers need, and removes them when they leave.
 
-- STEP_BEGIN / STEP_END / MEMORY → global optimizer step hooks (a step ends when optimizer.step
-  returns; explicit ``obs.step()`` takes precedence).
+- STEP_BEGIN / STEP_END / MEMORY, or a feature's ``tracker.require(...)`` (Print to file) → global
+  optimizer step hooks (a step ends when optimizer.step returns; explicit ``obs.step()`` takes precedence).
 - MODULE_ENTER / MODULE_EXIT → a wrapper of ``nn.Module.__call__`` with scope names.
 - OP → a dispatch mode on the subscribing thread.
 - COLLECTIVE → wrappers of the torch.distributed collectives.
-No subscriber, no hook: the bus tells the adapter whenever subscriptions change.
+No subscriber, no hook: the bus (and the step tracker, for demands) tells the adapter whenever
+subscriptions change.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class TorchAdapter:
         self._collectives: Any = None
         tracker.memory_probe = memory_stats
         self._unwatch = bus.watch(self._on_change)
+        self._unwatch_demands = tracker.watch(self.sync)
         self.sync()
 
     @property
@@ -78,7 +80,7 @@ class TorchAdapter:
 
     def sync(self) -> None:
         with self._lock:
-            want_steps = any(bus.has_subscribers(e) for e in STEP_EVENTS)
+            want_steps = tracker.wanted or any(bus.has_subscribers(e) for e in STEP_EVENTS)
             if want_steps and not self._optim:
                 self._optim = [
                     torch_optimizer.register_optimizer_step_pre_hook(lambda *_: tracker.auto_begin()),
@@ -119,6 +121,7 @@ class TorchAdapter:
     def close(self) -> None:
         """Remove every hook and stop following the bus."""
         self._unwatch()
+        self._unwatch_demands()
         tracker.memory_probe = None
         with self._lock:
             for handle in self._optim:

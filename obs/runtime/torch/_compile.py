@@ -46,9 +46,12 @@ class ObsBackend:
             inner = lookup_backend(inner)
         compiled = inner(gm, example_inputs)
 
+        grad_enabled = torch.is_grad_enabled
+
         def run(*args: Any) -> Any:
-            # Module hooks fold away inside compiled graphs, so the graph call marks step starts.
-            if not tracker.in_step:
+            # Module hooks fold away inside compiled graphs, so the graph call marks step starts;
+            # a call under no_grad / inference_mode between steps is evaluation and opens none.
+            if not tracker.in_step and grad_enabled():
                 tracker.auto_begin()
             return compiled(*args)
 
