@@ -44,7 +44,12 @@ class ObsBackend:
             from torch._dynamo import lookup_backend
 
             inner = lookup_backend(inner)
+        # The graph is no module of the user's: run its code, not Module.__call__, which would add a
+        # module event of its own (a lazy GraphModule's saved forward calls it on every run).
+        getattr(gm, "real_recompile", lambda: None)()
         compiled = inner(gm, example_inputs)
+        if isinstance(compiled, torch.nn.Module):
+            compiled = compiled.forward
 
         grad_enabled = torch.is_grad_enabled
 

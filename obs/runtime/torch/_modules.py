@@ -4,11 +4,24 @@ While someone subscribes to module events, ``torch.nn.Module.__call__`` is wrapp
 PyTorch's hook-free fast path, where global forward hooks force every module call through the
 slow path (``tests/perf/bench_overhead.py`` measures both).  A root module (entered with nothing
 on this thread's stack) names every submodule once from ``named_modules()``:
-``Default/net-Net/fc1-Linear`` (``Default/net/fc1`` without class names).
+``Default/net-Net/fc1-Linear`` (``Default/net/fc1`` without class names).  A module wrapped by
+``torch.compile`` (``OptimizedModule``) is named after the module it wraps: ``Default/net-Net``,
+with no ``_orig_mod`` level.
+
+The first module call with grad enabled outside a step opens the step; a forward under
+``torch.no_grad()`` / ``torch.inference_mode()`` between steps (evaluation) opens none.
+
+The wrapper leaves no frame in a user's traceback: it inlines PyTorch's ``_wrapped_call_impl``
+(two lines) and, when an exception passes through, drops its own entry from the traceback before
+a bare ``raise`` (which, unlike ``raise exc``, adds no entry).  A module level then shows torch's
+``_call_impl`` and the ``forward``, one frame fewer than without obs.  Debuggers walking the
+traceback (``pdb.post_mortem``) skip it too; ``sys._getframe()`` stacks still show it, as
+``_modules.py ... in obs_module_call``.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -30,8 +43,22 @@ def current_scope() -> str:
     return stack[-1] if stack else ""
 
 
+def _wrapped(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) wraps, else None."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # no OptimizedModule exists before it loads
+    if eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
+        return module._orig_mod  # type: ignore[no-any-return]
+    return None
+
+
+def _class_name(module: torch.nn.Module) -> str:
+    while (inner := _wrapped(module)) is not None:
+        module = inner
+    return type(module).__name__
+
+
 def _part(name: str, module: torch.nn.Module, keep_class: bool) -> str:
-    return f"{name}-{type(module).__name__}" if keep_class else name
+    return f"{name}-{_class_name(module)}" if keep_class else name
 
 
 def _forget(key: int) -> None:
@@ -48,7 +75,9 @@ def _name_tree(root: torch.nn.Module, keep_class: bool) -> None:
         if qualified:
             owner = root
             for name in qualified.split("."):
-                owner = owner._modules[name]  # type: ignore[assignment]
+                outer, owner = owner, owner._modules[name]  # type: ignore[assignment]
+                if name == "_orig_mod" and _wrapped(outer) is owner:
+                    continue  # the compiled wrapper already carries the wrapped module's name
                 scope += "/" + _part(name, owner, keep_class)
         _scopes[key] = scope
         weakref.finalize(sub, _forget, key)
@@ -56,7 +85,7 @@ def _name_tree(root: torch.nn.Module, keep_class: bool) -> None:
 
 def _scope_of(module: torch.nn.Module, stack: list[str], keep_class: bool) -> str:
     if stack:
-        return stack[-1] + "/" + _part(type(module).__name__.lower(), module, keep_class)
+        return stack[-1] + "/" + _part(_class_name(module).lower(), module, keep_class)
     _name_tree(module, keep_class)
     return _scopes[id(module)]
 
@@ -82,16 +111,20 @@ class ModuleHooks:
         hooks, original = self, torch.nn.Module.__call__
         self._original = original
         keep = keep_class_names
-
+        # Inline torch's own ``_wrapped_call_impl`` (one frame less per module level); call whatever
+        # else was installed before us as it is.
+        inline = original is torch.nn.Module._wrapped_call_impl
         state = SUPPRESSION
+        grad_enabled = torch.is_grad_enabled
+        getframe = sys._getframe
 
-        def __call__(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        def obs_module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             if state.depth or is_compiling():
                 return original(module, *args, **kwargs)
             stack = state.stack
             scope = _scopes.get(id(module)) or _scope_of(module, stack, keep)
             stack.append(scope)
-            if not tracker.in_step:
+            if not tracker.in_step and grad_enabled():
                 tracker.auto_begin()
             for handler in hooks.enter:
                 try:
@@ -100,9 +133,16 @@ class ModuleHooks:
                     report_internal_error("MODULE_ENTER handler", exc)
             error: BaseException | None = None
             try:
-                return original(module, *args, **kwargs)
+                if not inline:
+                    return original(module, *args, **kwargs)
+                if module._compiled_call_impl is not None:
+                    return module._compiled_call_impl(*args, **kwargs)
+                return module._call_impl(*args, **kwargs)  # obs records this module's enter and exit
             except BaseException as exc:
                 error = exc
+                tb = exc.__traceback__
+                if tb is not None and tb.tb_frame is getframe():
+                    exc.__traceback__ = tb.tb_next  # a bare raise adds no frame: this one leaves the traceback
                 raise
             finally:
                 stack.pop()
@@ -115,7 +155,7 @@ class ModuleHooks:
                     _fault(scope, error)
                     error = None  # break the frame <-> traceback cycle
 
-        torch.nn.Module.__call__ = __call__  # type: ignore[method-assign]
+        torch.nn.Module.__call__ = obs_module_call  # type: ignore[method-assign]
 
     def refresh(self) -> None:
         self.enter = bus.handlers(Event.MODULE_ENTER)

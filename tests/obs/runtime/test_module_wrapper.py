@@ -1,0 +1,151 @@
+"""The ``nn.Module.__call__`` wrapper: scopes under torch.compile, and what a user's traceback shows."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+import torch
+
+import obs
+from obs.runtime.torch import _modules
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, compile_block=False):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.block = torch.compile(Block(), backend="eager") if compile_block else Block()
+        self.head = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+
+    def forward(self, x):
+        return self.head(self.block(self.fc1(x)))
+
+
+class Breaks(Net):
+    """A forward whose head runs eagerly, outside any graph (as code Dynamo skips does)."""
+
+    def forward(self, x):
+        return self._head(self.block(self.fc1(x)))
+
+    @torch._dynamo.disable
+    def _head(self, h):
+        return self.head(h)
+
+
+def scopes_of(model, steps=2):
+    scopes = []
+    with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: scopes.append(scope)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+    return scopes
+
+
+# -- item: scopes under torch.compile -------------------------------------------------------------
+
+def test_compiled_model_is_scoped_by_its_own_class():
+    """Issue 9: under torch.compile the scope was ``Default/net-OptimizedModule``."""
+    torch._dynamo.reset()
+    scopes = scopes_of(torch.compile(Net(), backend="eager"))
+    assert scopes and set(scopes) == {"Default/net-Net"}
+
+
+def test_submodules_run_outside_the_graph_have_no_orig_mod_level():
+    torch._dynamo.reset()
+    scopes = scopes_of(torch.compile(Breaks(), backend="eager"))
+    assert "Default/net-Breaks" in scopes and "Default/net-Breaks/head-Sequential/1-Linear" in scopes
+    assert not any("OptimizedModule" in s or "_orig_mod" in s for s in scopes), scopes
+
+
+def test_a_compiled_submodule_is_named_after_the_module_it_wraps():
+    torch._dynamo.reset()
+    scopes = scopes_of(Net(compile_block=True))
+    assert scopes[:3] == ["Default/net-Net", "Default/net-Net/fc1-Linear", "Default/net-Net/block-Block"]
+    assert not any("OptimizedModule" in s or "_orig_mod" in s for s in scopes), scopes
+
+
+def test_obs_compile_in_graph_mode_and_without_class_names():
+    torch._dynamo.reset()
+    obs.set_context(mode=obs.GRAPH_MODE, reserve_class_name_in_scope=False)
+    scopes = scopes_of(obs.compile(Breaks(), backend="eager"))
+    assert "Default/net" in scopes and "Default/net/head/1" in scopes
+    assert not any("_orig_mod" in s or "graphmodule" in s for s in scopes), scopes
+
+
+# -- item: tracebacks through wrapped modules -----------------------------------------------------
+
+class Faulty(torch.nn.Module):
+    """Three module levels; the innermost Linear gets a float64 input (a dtype fault, as in nanoGPT)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+    def forward(self, x):
+        return self.body[1](self.body[0](x).double())
+
+
+def failing_step():
+    model = Faulty()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt.zero_grad()
+    with pytest.raises(RuntimeError, match="dtype|type") as info:
+        model(torch.randn(2, 4)).sum().backward()
+    return info.value, traceback.extract_tb(info.value.__traceback__)
+
+
+def test_wrapped_modules_add_no_frame_to_the_users_traceback():
+    """Issue 9: every user traceback gained an ``_modules.py ... __call__`` frame per module level."""
+    _, plain = failing_step()
+    faults = []
+    obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None)
+    obs.subscribe(obs.Event.FAULT, lambda kind, detail, error: faults.append((kind, detail)))
+    error, wrapped = failing_step()
+    assert not [f for f in wrapped if f.filename == _modules.__file__], traceback.format_list(wrapped)
+    user = [(f.name, f.line) for f in wrapped if f.filename == __file__]
+    assert user == [(f.name, f.line) for f in plain if f.filename == __file__]
+    assert user[-1] == ("forward", "return self.body[1](self.body[0](x).double())")
+    # obs inlines torch's _wrapped_call_impl: one frame fewer per module level than without obs
+    assert len(wrapped) == len(plain) - 3
+    assert traceback.extract_tb(error.__traceback__)[-1].name == plain[-1].name
+    assert faults == [("module_error", "Default/net-Faulty/body-Sequential/1-Sequential/0-Linear")]
+
+
+def test_a_traceback_still_runs_through_every_user_frame_of_a_training_loop():
+    obs.subscribe(obs.Event.MODULE_EXIT, lambda scope, module, error: None)
+
+    def train_step(model):
+        return model(torch.randn(2, 4))
+
+    with pytest.raises(RuntimeError) as info:
+        train_step(Faulty())
+    names = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert names[:2] == ["test_a_traceback_still_runs_through_every_user_frame_of_a_training_loop", "train_step"]
+    assert names.count("forward") == 3 and names.count("_call_impl") == 3  # Faulty, Sequential, Linear
+
+
+def test_a_module_patched_call_before_obs_is_still_called(monkeypatch):
+    """When something else replaced Module.__call__ first, obs calls it rather than inlining torch's."""
+    calls = []
+    original = torch.nn.Module.__call__
+
+    def theirs(module, *args, **kwargs):
+        calls.append(type(module).__name__)
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", theirs)
+    with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
+        torch.nn.Linear(2, 2)(torch.ones(1, 2))
+    assert calls == ["Linear"] and torch.nn.Module.__call__ is theirs
