@@ -1,14 +1,30 @@
-"""``obs demo``: train a small MLP on synthetic data with the configured features, then say what happened."""
+"""``obs demo``: train a small MLP on synthetic data with the configured features, then say what happened.
+
+Output: the summary and the next commands (one per line, never wrapped) on stdout; on a terminal,
+a transient progress bar on stderr while it runs; at exit, on stderr, every file obs wrote.  It
+writes nothing into the current folder unless the settings ask for it (``print_file_path``, an
+RDR path).  Step time is reported in steady state, apart from the first steps (compilation,
+allocator and cache warm-up), which can be a hundred times slower.
+"""
 
 from __future__ import annotations
 
+import atexit
 import statistics
+import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["DemoResult", "run_demo", "run_demo_command"]
+__all__ = ["WARMUP_STEPS", "DemoResult", "run_demo", "run_demo_command"]
+
+#: Steps left out of the steady-state step time (and reported on their own).
+WARMUP_STEPS = 5
+
+Progress = Callable[[str, int], None]  #: ``(what, steps done)``
 
 
 @dataclass
@@ -17,7 +33,8 @@ class DemoResult:
     steps: int
     first_loss: float
     last_loss: float
-    median_step_ms: float
+    step_ms: float  #: median step time in steady state (after the first steps)
+    first_steps_ms: list[float]  #: the first steps, one by one (compilation, warm-up)
     events: dict[str, int]
     hooks: dict[str, bool]
     settings: dict[str, Any]
@@ -30,8 +47,19 @@ class DemoFailure(RuntimeError):
     """The failure ``obs demo --fail-at N`` injects into the model's forward."""
 
 
-def run_demo(steps: int, fail_at: int | None = None) -> DemoResult:
-    """Train for ``steps`` steps; count what the bus saw; raise DemoFailure in forward at step ``fail_at``."""
+def split_warmup(durations_ns: list[int]) -> tuple[list[float], float]:
+    """``(first steps' ms, steady-state median ms)``: up to WARMUP_STEPS first steps, always keeping one for the median."""
+    if not durations_ns:
+        return [], 0.0
+    warm = min(WARMUP_STEPS, len(durations_ns) - 1)
+    return [d / 1e6 for d in durations_ns[:warm]], statistics.median(durations_ns[warm:]) / 1e6
+
+
+def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None = None) -> DemoResult:
+    """Train for ``steps`` steps; count what the bus saw; raise DemoFailure in forward at step ``fail_at``.
+
+    ``progress(what, done)`` is called before training and after every step.
+    """
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
@@ -45,6 +73,8 @@ def run_demo(steps: int, fail_at: int | None = None) -> DemoResult:
 
     if steps < 1:
         raise ValueError(f"--steps must be at least 1 (got {steps})")
+    report = progress or (lambda what, done: None)
+    report("training", 0)
     torch.manual_seed(0)
     dev = obs.device()
 
@@ -84,12 +114,14 @@ def run_demo(steps: int, fail_at: int | None = None) -> DemoResult:
             losses.append(loss.item())
             if print_file and i % 10 == 0:
                 obs.Print(f"step {i + 1} loss:", loss.detach(), "first layer bias:", model.state_dict()["0.bias"][:4])
+            report("training", i + 1)
     produced, next_commands = [], ["obs options", "obs config check obs_config.json",
                                    "obs run your_train.py --config obs_config.json"]
     _point_to_outputs(print_file, produced, next_commands)
+    first_steps_ms, step_ms = split_warmup(durations)
     return DemoResult(
         device=str(dev), steps=steps, first_loss=losses[0], last_loss=losses[-1],
-        median_step_ms=statistics.median(durations) / 1e6 if durations else 0.0, events=dict(counts),
+        step_ms=step_ms, first_steps_ms=first_steps_ms, events=dict(counts),
         hooks=hooks, settings={k: v for k, v in snapshot().items()}, env_config=obs.env_config(),
         produced=produced, next_commands=next_commands)
 
@@ -111,24 +143,79 @@ def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[
                         f"{' and at exit' if live.config.mode == 2 else ''})")
         next_commands.insert(0, f"obs rdr ls {live.config.path or '.'}")
     else:
-        next_commands.insert(1, "obs demo --config obs_config.json --fail-at 20  (rdr.enable true in the file)")
+        next_commands.insert(1, "obs demo --config obs_config.json --fail-at 20   # with rdr.enable true in the file")
+
+
+@contextmanager
+def _progress_bar(steps: int) -> Iterator[Progress | None]:
+    """A transient rich progress bar on stderr, only when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from obs.cli._render import err_console
+
+    bar = Progress(SpinnerColumn(), TextColumn("obs demo: {task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=err_console(), transient=True)
+    task = bar.add_task("importing PyTorch", total=steps)
+    with bar:
+        yield lambda what, done: bar.update(task, description=what, completed=done)
+
+
+def _say_written_once() -> None:
+    """At exit, after obs's own exit work: each file or folder obs wrote, once, on stderr."""
+    from obs._core.outputs import written
+    from obs.cli._render import say_written
+
+    said: set[str] = set()
+    for kind, path in written():
+        if path not in said:
+            said.add(path)
+            say_written(kind, path)
+
+
+def _note_outputs(result_print_file: str | None) -> None:
+    """What the demo knows it wrote; writers note their own files too (the first note of a path wins)."""
+    import obs
+    from obs._core.outputs import wrote
+
+    if result_print_file:
+        wrote("Print records", result_print_file)
+    live = obs.rdr.recorder()
+    for bundle in live.dumps if live is not None else ():
+        wrote("RDR bundle", bundle)
+
+
+def _print_file() -> str | None:
+    from obs.printing import feature
+
+    return feature.writer.path if feature.writer is not None else None
 
 
 def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, Any]], as_json: bool,
                      fail_at: int | None = None) -> int:
     from obs.cli._run import apply_settings
 
+    # Registered before any obs exit handler, so it runs after them (a mode-2 bundle, the last fsync).
+    atexit.register(_say_written_once)
     apply_settings(config, sets)
     start = time.perf_counter()
     try:
-        result = run_demo(steps, fail_at)
+        with _progress_bar(steps) as progress:
+            result = run_demo(steps, fail_at, progress)
     except DemoFailure as exc:
+        _note_outputs(_print_file())
         return _report_failure(exc, as_json=as_json)
+    finally:
+        elapsed = time.perf_counter() - start
+    _note_outputs(_print_file())
     if as_json:
         from obs.cli._render import print_json
 
         print_json(asdict(result))
         return 0
+    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
 
@@ -139,18 +226,38 @@ def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, An
     table.add_column(style="bold")
     table.add_column()
     table.add_row("device", result.device)
-    table.add_row("steps", f"{result.steps} in {time.perf_counter() - start:.2f}s "
-                           f"(median step {result.median_step_ms:.2f} ms)")
+    table.add_row("steps", f"{result.steps} in {elapsed:.2f}s")
+    table.add_row("step time", _step_time(result))
     table.add_row("loss", f"{result.first_loss:.4f} → {result.last_loss:.4f}")
     table.add_row("events seen", ", ".join(f"{k}={v}" for k, v in sorted(result.events.items())))
     table.add_row("hooks installed", ", ".join(k for k, v in result.hooks.items() if v) or "none")
-    table.add_row("settings", ", ".join(f"{k}={v!r}" for k, v in result.settings.items()) or "defaults")
+    table.add_row("settings", escape(", ".join(f"{k}={v!r}" for k, v in result.settings.items()) or "defaults"))
     rdr = result.env_config["rdr"]
-    table.add_row("rdr", f"enable={rdr['enable']} mode={rdr['mode']} path={rdr['path'] or '.'}")
-    table.add_row("produced", ", ".join(result.produced) or "nothing on disk yet (no file feature on)")
+    table.add_row("rdr", escape(f"enable={rdr['enable']} mode={rdr['mode']} path={rdr['path'] or '.'}"))
+    table.add_row("produced", escape(", ".join(result.produced)) or "nothing on disk (no file feature on)")
     out.print(Panel(table, title="obs demo", expand=False))
-    out.print("Next: " + "  |  ".join(f"[cyan]{c}[/]" for c in result.next_commands))
+    _print_next(out, result.next_commands)
     return 0
+
+
+def _step_time(result: DemoResult) -> str:
+    if not result.first_steps_ms:
+        return f"{result.step_ms:.2f} ms"
+    first = ", ".join(f"{ms:.2f}" for ms in result.first_steps_ms)
+    n = len(result.first_steps_ms)
+    return (f"{result.step_ms:.2f} ms median in steady state (steps {n + 1}–{result.steps}); "
+            f"the first {n}: {first} ms (compilation, warm-up)")
+
+
+def _print_next(out: Any, commands: list[str]) -> None:
+    """``Next:`` and each command on its own line, whole (soft wrap: rich never breaks it)."""
+    from rich.markup import escape
+
+    out.print("Next:")
+    for command in commands:
+        text, _, note = command.partition("   # ")
+        line = f"  [cyan]{escape(text)}[/]" + (f"   [dim]# {escape(note)}[/]" if note else "")
+        out.print(line, soft_wrap=True, highlight=False)
 
 
 def _report_failure(exc: DemoFailure, *, as_json: bool) -> int:
@@ -164,13 +271,16 @@ def _report_failure(exc: DemoFailure, *, as_json: bool) -> int:
 
         print_json({"failed": str(exc), "bundle": bundle})
         return 1
+    from rich.markup import escape
+
     from obs.cli._render import console, error
 
     error(str(exc))
+    out = console()
     if bundle:
-        console().print(f"RDR wrote [bold]{bundle}[/]\nNext: [cyan]obs rdr show {bundle}[/]", highlight=False,
-                        soft_wrap=True)
+        out.print(f"RDR wrote [bold]{escape(bundle)}[/]", soft_wrap=True)
+        _print_next(out, [f"obs rdr show {bundle}"])
     else:
-        console().print("Turn the Running Data Recorder on to get a post-mortem bundle: "
-                        "[cyan]obs demo --fail-at 20 --config obs_config.json[/] with rdr.enable true", highlight=False)
+        out.print("Turn the Running Data Recorder on to get a post-mortem bundle:", soft_wrap=True)
+        _print_next(out, ["obs demo --fail-at 20 --config obs_config.json   # with rdr.enable true in the file"])
     return 1
