@@ -2,8 +2,15 @@
 
 ``obs.rdr.dump(reason)`` writes a bundle now; ``obs.rdr.recorder()`` is the live recorder (or None);
 ``obs.rdr.recover(path)`` turns the rings of dead processes into bundles.  The recorder follows
-the settings in force: set_context, hot reloads of the file, reset_context (which closes it
-without dumping).  ``recorder`` is imported lazily so ``import obs`` stays light.
+the settings in force: set_context, hot reloads of the file (applied at a step boundary on the
+training thread), reset_context (which closes it without dumping).  ``recorder`` is imported
+lazily so ``import obs`` stays light.
+
+Where files go: ``{rdr.path}/rank_{r}/rdr/``; an unset ``rdr.path`` is the current folder (as in
+the original).  A run that ends cleanly with nothing to report leaves nothing behind there: no
+ring, no marker, no folder obs created.  A rank whose rank is not known yet (started by
+``torch.multiprocessing.spawn``, no ``RANK``) records under ``rank_unresolved-{pid}`` until
+``init_process_group`` has run, then moves under ``rank_{r}``: two ranks never share a folder.
 """
 
 from __future__ import annotations
@@ -90,18 +97,37 @@ class RdrFeature:
                     (have.path, have.granularity, have.capacity):
                 self._retune(want)
                 return
-            self._stop()
+            self._stop(keep_signals=want is not None)  # a restart keeps the signal relay as it is
             if want is not None:
                 self._start(want)
 
     def _start(self, config: RdrConfig) -> None:
+        from obs.runtime.steps import tracker
         from recorder.recorder import Recorder
         from recorder.triggers import Triggers
 
         self.recorder = Recorder(config, rank=rank(), world_size=world_size(), run_id=_RUN_ID, settings=_settings,
-                                 versions=_versions())
+                                 versions=_versions(), rank_known=_rank_known())
         self.triggers = Triggers(self.recorder, mode=config.mode, op_timeout=config.op_timeout,
                                  hang_action=config.hang_action).install()
+        if not self.recorder.rank_known and self.check_rank not in tracker.at_boundary:
+            tracker.at_boundary = tracker.at_boundary + (self.check_rank,)
+
+    def check_rank(self) -> None:
+        """Once torch.distributed is initialised, move a recorder started before it under its real rank."""
+        live = self.recorder
+        if live is None or live.rank_known:
+            self._unhook_rank_check()
+            return
+        if _distributed_ready():
+            live.resolve_rank(rank(), world_size())
+            if live.rank_known:
+                self._unhook_rank_check()
+
+    def _unhook_rank_check(self) -> None:
+        from obs.runtime.steps import tracker
+
+        tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.check_rank)
 
     def _retune(self, config: RdrConfig) -> None:
         assert self.recorder is not None and self.triggers is not None
@@ -120,14 +146,33 @@ class RdrFeature:
         if self.recorder is not None:
             self.recorder.detach()
             self.recorder = None
+        if "recorder.signals" in sys.modules:
+            sys.modules["recorder.signals"].after_fork_in_child()
 
-    def _stop(self) -> None:
+    def _stop(self, *, keep_signals: bool = False) -> None:
         if self.triggers is not None:
             self.triggers.uninstall()
             self.triggers = None
         if self.recorder is not None:
             self.recorder.close(clean_exit=True)
             self.recorder = None
+        self._unhook_rank_check()
+        if not keep_signals and "recorder.signals" in sys.modules:
+            # Only on the main thread; elsewhere the relay stays, with no recorder behind it.
+            sys.modules["recorder.signals"].uninstall_relay()
+
+
+def _distributed_ready() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def _rank_known() -> bool:
+    """Whether :func:`rank` is more than a guess: torch.distributed, ``global_rank``, or ``$RANK``."""
+    from obs.settings import parallel
+
+    # parallel has no public "was global_rank set" (its getter returns the default 0 either way)
+    return _distributed_ready() or bool(os.environ.get("RANK")) or "global_rank" in parallel._auto.values
 
 
 feature = RdrFeature()
@@ -153,6 +198,7 @@ def recorder() -> Recorder | None:
 
 def dump(reason: str = "manual") -> str:
     """Write a bundle now (``{path}/rank_{r}/rdr/{stamp}_{pid}_{reason}/``) and return its folder."""
+    feature.check_rank()
     live = feature.recorder
     if live is None:
         raise ObsError("the Running Data Recorder is off: enable it with an env config file "

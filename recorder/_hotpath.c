@@ -6,6 +6,11 @@
  * with the Python appenders), the string-id dict and the intern callable.  Python's own
  * time.perf_counter_ns() is clock_gettime(CLOCK_MONOTONIC) on Linux, so timestamps agree.
  * tests/perf/bench_rdr.py measures both paths.
+ *
+ * Also the C side of recorder/signals.py: a SIGTERM/SIGINT handler that does only async-signal-safe
+ * work (write the signal number to a pipe, then chain to the handler it replaced, i.e. CPython's),
+ * so a watcher thread learns of the signal even while the main thread is blocked in C; and die(),
+ * which ends the process with a signal's default action from any thread.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -13,6 +18,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <signal.h>
+#include <unistd.h>
+#include <pthread.h>
 
 #pragma pack(push, 1)
 typedef struct {
@@ -293,8 +302,121 @@ static PyTypeObject SlotWriterType = {
     .tp_members = w_members,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hotpath", "C hot path of the recorder.", -1, NULL,
-                                     NULL, NULL, NULL, NULL};
+
+/* -- signals ---------------------------------------------------------------------------------- */
+
+#define MAX_SIGNAL 65
+static volatile sig_atomic_t pipe_fd = -1;
+static volatile pid_t pipe_pid = 0;  /* a forked child inherits the handler: it must not write */
+static struct sigaction replaced[MAX_SIGNAL];
+static int hooked[MAX_SIGNAL];
+
+static void on_signal(int signum, siginfo_t *info, void *context) {
+    int saved_errno = errno;
+    struct sigaction *prev = &replaced[signum];
+    int fd = pipe_fd;
+    if (fd >= 0 && getpid() == pipe_pid) {
+        unsigned char byte = (unsigned char)signum;
+        ssize_t ignored = write(fd, &byte, 1);  /* non-blocking: a full pipe already holds a wake-up */
+        (void)ignored;
+    }
+    if (prev->sa_flags & SA_SIGINFO) {
+        if (prev->sa_sigaction != NULL) prev->sa_sigaction(signum, info, context);
+    } else if (prev->sa_handler != SIG_DFL && prev->sa_handler != SIG_IGN && prev->sa_handler != NULL) {
+        prev->sa_handler(signum);
+    }
+    errno = saved_errno;
+}
+
+static int check_signal(int signum) {
+    if (signum <= 0 || signum >= MAX_SIGNAL) {
+        PyErr_Format(PyExc_ValueError, "signal number must be in [1, %d) (got %d)", MAX_SIGNAL, signum);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *m_set_signal_pipe(PyObject *self, PyObject *arg) {
+    long fd = PyLong_AsLong(arg);
+    (void)self;
+    if (fd == -1 && PyErr_Occurred()) return NULL;
+    pipe_pid = getpid();
+    pipe_fd = (sig_atomic_t)fd;
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_hook_signal(PyObject *self, PyObject *arg) {
+    int signum = (int)PyLong_AsLong(arg);
+    struct sigaction action, prev;
+    (void)self;
+    if (signum == -1 && PyErr_Occurred()) return NULL;
+    if (check_signal(signum) < 0) return NULL;
+    if (hooked[signum]) {
+        PyErr_Format(PyExc_RuntimeError, "signal %d is already hooked", signum);
+        return NULL;
+    }
+    if (sigaction(signum, NULL, &prev) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    replaced[signum] = prev;
+    memset(&action, 0, sizeof(action));
+    action.sa_sigaction = on_signal;
+    action.sa_mask = prev.sa_mask;
+    /* The flags of the handler we chain to (CPython's: no SA_RESTART, so blocking calls see EINTR
+     * and Python runs its handlers), plus SA_SIGINFO for our own signature. */
+    action.sa_flags = (prev.sa_flags & ~(SA_RESETHAND | SA_SIGINFO)) | SA_SIGINFO | SA_ONSTACK;
+    if (sigaction(signum, &action, NULL) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    hooked[signum] = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_unhook_signal(PyObject *self, PyObject *arg) {
+    int signum = (int)PyLong_AsLong(arg);
+    struct sigaction current;
+    (void)self;
+    if (signum == -1 && PyErr_Occurred()) return NULL;
+    if (check_signal(signum) < 0) return NULL;
+    if (!hooked[signum]) Py_RETURN_FALSE;
+    hooked[signum] = 0;
+    if (sigaction(signum, NULL, &current) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    if (!(current.sa_flags & SA_SIGINFO) || current.sa_sigaction != on_signal) Py_RETURN_FALSE;  /* replaced since */
+    if (sigaction(signum, &replaced[signum], NULL) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *m_die(PyObject *self, PyObject *arg) {
+    int signum = (int)PyLong_AsLong(arg);
+    struct sigaction action;
+    sigset_t set;
+    (void)self;
+    if (signum == -1 && PyErr_Occurred()) return NULL;
+    if (check_signal(signum) < 0) return NULL;
+    memset(&action, 0, sizeof(action));
+    action.sa_handler = SIG_DFL;
+    sigemptyset(&action.sa_mask);
+    sigaction(signum, &action, NULL);
+    sigemptyset(&set);
+    sigaddset(&set, signum);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    kill(getpid(), signum);
+    raise(signum);
+    /* Only reached when the default action does not end the process (e.g. SIGCHLD). */
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"set_signal_pipe", m_set_signal_pipe, METH_O,
+     "set_signal_pipe($module, fd, /)\n--\n\nWhere hooked signals write their number (-1: nowhere)."},
+    {"hook_signal", m_hook_signal, METH_O,
+     "hook_signal($module, signum, /)\n--\n\nPut the pipe-writing handler in front of the current one."},
+    {"unhook_signal", m_unhook_signal, METH_O,
+     "unhook_signal($module, signum, /)\n--\n\nPut back the handler hook_signal replaced, if ours is still "
+     "installed; True when it was."},
+    {"die", m_die, METH_O,
+     "die($module, signum, /)\n--\n\nEnd the process with the default action of signum (from any thread)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hotpath", "C hot path of the recorder.", -1,
+                                     module_methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
     PyObject *m;

@@ -8,6 +8,8 @@ memory, collectives), ``module`` (+ module enter/exit), ``op`` (+ every aten op)
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
 import socket
 import sys
@@ -20,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from obs._core import safe_files
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error
 from recorder.assemble import bundle_parts
-from recorder.bundle import bundle_name, write_bundle, write_json_atomic
-from recorder.layout import DEFAULT_CAPACITY, Kind
+from recorder.bundle import bundle_name, write_bundle
+from recorder.layout import DEFAULT_CAPACITY, HEADER, Kind
 from recorder.ring import RingWriter
 from recorder.ring_reader import RingContents, read_ring
 from recorder.stacks import all_stacks
@@ -47,23 +50,58 @@ class RdrConfig:
     hang_action: str = "dump"
 
 
-def rdr_dir(path: str, rank: int) -> str:
-    """``{path}/rank_{rank}/rdr`` (MindSpore's layout)."""
-    return os.path.join(path or os.getcwd(), f"rank_{rank}", "rdr")
+#: byte offset of (rank, world_size) in the ring header: magic 8s, version I, pid I come first
+_RANK_AT = 16
+assert HEADER.format.lstrip("<").startswith("8sIIII")
+
+
+def rdr_dir(path: str, rank: int, *, pending_pid: int | None = None) -> str:
+    """``{path}/rank_{rank}/rdr`` (MindSpore's layout; an unset path is the current folder).
+
+    ``pending_pid``: the rank is not known yet (a process started by ``torch.multiprocessing.spawn``
+    before ``init_process_group``): ``rank_unresolved-{pid}/rdr``, one folder per process, until it is.
+    """
+    folder = f"rank_unresolved-{pending_pid}" if pending_pid is not None else f"rank_{rank}"
+    return os.path.join(path or os.getcwd(), folder, "rdr")
+
+
+def _missing_folders(path: str) -> list[str]:
+    """The folders that creating ``path`` would create, deepest first."""
+    out = []
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        out.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return out
+
+
+def _remove_empty(folders: list[str]) -> None:
+    """Remove ``folders`` (deepest first) while they are empty; stop at the first that is not."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
 
 
 class Recorder:
     """Owns one ring file and the subscriptions feeding it; ``dump()`` writes a bundle."""
 
     def __init__(self, config: RdrConfig, *, rank: int, world_size: int, run_id: str,
-                 settings: Callable[[], dict[str, Any]], versions: dict[str, str]) -> None:
+                 settings: Callable[[], dict[str, Any]], versions: dict[str, str], rank_known: bool = True) -> None:
         self.config = config
         self.rank, self.world_size, self.run_id = rank, world_size, run_id
         self.pid = os.getpid()
+        #: False until the rank is known for sure (see :meth:`resolve_rank`)
+        self.rank_known = rank_known or multiprocessing.parent_process() is None
         self._settings = settings
         self._versions = versions
-        self.dir = rdr_dir(config.path, rank)
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.dir = rdr_dir(config.path, rank, pending_pid=None if self.rank_known else self.pid)
+        self._created = _missing_folders(self.dir)  # removed again on a clean exit with nothing to report
+        safe_files.ensure_dir(self.dir)
         self.ring = RingWriter(os.path.join(self.dir, f"ring_{self.pid}.obsring"), dict(config.capacity),
                                pid=self.pid, rank=rank, world_size=world_size,
                                meta={"run_id": run_id, "host": socket.gethostname(), "granularity":
@@ -71,8 +109,10 @@ class Recorder:
         self.fatal_path = os.path.join(self.dir, f"fatal_{self.pid}.txt")
         self.step = 0
         self.dumps: list[str] = []
+        self.failed: str | None = None  #: why the last dump failed (the ring is then kept for recover)
         self.graphs: deque[tuple[str, str]] = deque(maxlen=_GRAPHS_KEPT)
         self._dump_lock = threading.Lock()
+        self._dumping: int | None = None  # ident of the thread inside dump(), read without the lock
         self._subs: list[Subscription] = []
         self._writers: list[Any] = []  # C SlotWriters (recorder/_hotpath.c), released before the ring closes
         self._subscribe()
@@ -208,20 +248,28 @@ class Recorder:
 
     # -- low-rate events (blobs) --------------------------------------------------------------
     def _on_print(self, values: Any, meta: Any) -> None:
+        if self.ring.closed:  # an emit that took its snapshot of handlers before we unsubscribed
+            return
         shown = [v if isinstance(v, str) else _tensor_summary(v) for v in values]
         self.ring.blob(Kind.PRINT, {"values": shown, "step": meta.step, "source": meta.source})
 
     def _on_settings(self, source: str, changes: Any) -> None:
+        if self.ring.closed:
+            return
         self.ring.blob(Kind.SETTINGS, {"source": source, "changes": {k: list(v) for k, v in changes.items()}})
 
     def _on_graph(self, name: str, graph_module: Any, example_inputs: Any) -> None:
         text = graph_module.print_readable(print_output=False) if hasattr(graph_module, "print_readable") \
             else str(graph_module)
         self.graphs.append((name, text))
+        if self.ring.closed:
+            return
         self.ring.blob(Kind.GRAPH, {"name": name, "nodes": len(getattr(getattr(graph_module, "graph", None),
                                                                          "nodes", ()))})
 
     def _on_fault(self, kind: str, detail: Any, error: Any) -> None:
+        if self.ring.closed:
+            return
         record = {"fault": kind, "detail": str(detail)}
         if isinstance(error, BaseException):
             record.update(error=f"{type(error).__name__}: {error}")
@@ -231,12 +279,22 @@ class Recorder:
 
     def marker(self, name: str, **payload: Any) -> None:
         """Record a low-rate marker (signals, hangs) in the ring."""
+        if self.ring.closed:
+            return
         self.ring.blob(Kind.MARKER, {"marker": name, **payload})
 
     # -- dumps --------------------------------------------------------------------------------
     def dump(self, reason: str, *, error: BaseException | None = None, fault: dict[str, Any] | None = None,
              stacks: str | None = None) -> str | None:
-        """Write a bundle now; returns its path (None if the exception was already dumped)."""
+        """Write a bundle now; returns its path.
+
+        None when the exception was already dumped, or when this thread is already inside a dump (a
+        signal handler that ran in the middle of one): a dump is never re-entered and its lock is
+        never taken twice by one thread.
+        """
+        me = threading.get_ident()
+        if self._dumping == me:
+            return None
         if error is not None:
             if getattr(error, "_obs_rdr_dumped", False):
                 return None
@@ -245,16 +303,47 @@ class Recorder:
             except AttributeError:
                 pass
         with self._dump_lock:
-            contents = read_ring(self.ring.buffer())
-            return self._write(reason, contents, error=error, fault=fault, stacks=stacks)
+            self._dumping = me
+            try:
+                if self.ring.closed:
+                    return None
+                contents = read_ring(self.ring.buffer())
+                return self._write(reason, contents, error=error, fault=fault, stacks=stacks)
+            finally:
+                self._dumping = None
+
+    def dumping_here(self) -> bool:
+        """Whether the calling thread is inside :meth:`dump`."""
+        return self._dumping == threading.get_ident()
+
+    def busy(self) -> bool:
+        """Whether a dump is under way (on any thread)."""
+        return self._dump_lock.locked()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (from a thread that is not dumping) until no dump is under way; False on timeout."""
+        if self.dumping_here():
+            return False
+        if not self._dump_lock.acquire(timeout=max(0.0, timeout)):
+            return False
+        self._dump_lock.release()
+        return True
 
     def _write(self, reason: str, contents: RingContents, *, error: BaseException | None,
                fault: dict[str, Any] | None, stacks: str | None) -> str:
         manifest, files = bundle_parts(contents, reason, error=error, fault=fault, fatal_stacks=stacks,
                                        threads=all_stacks(), graphs=list(self.graphs),
                                        settings=self._safe_settings())
-        path = write_bundle(self.dir, bundle_name(reason, contents.header.pid), manifest, files)
+        try:
+            path = write_bundle(self.dir, bundle_name(reason, contents.header.pid), manifest, files)
+        except BaseException as exc:
+            # The ring is the only copy of the evidence now: keep it, say why in the marker.
+            self.failed = f"{reason}: {type(exc).__name__}: {exc}"
+            self._mark_quietly("dump_failed", failed=self.failed, ring=os.path.basename(self.ring.path),
+                               next_step="obs rdr recover retries the bundle from the ring")
+            raise
         self.dumps.append(path)
+        self.failed = None
         self.mark("dumped", last_reason=reason, last_bundle=os.path.basename(path))
         return path
 
@@ -267,9 +356,54 @@ class Recorder:
 
     def mark(self, state: str, **extra: Any) -> None:
         """The per-rank marker: whether and why this rank dumped."""
-        data = {"state": state, "pid": self.pid, "rank": self.rank, "run_id": self.run_id,
-                "dumps": [os.path.basename(p) for p in self.dumps], "updated_ns": time.time_ns(), **extra}
-        write_json_atomic(os.path.join(self.dir, "marker.json"), data)
+        data = {"state": state, "pid": self.pid, "rank": self.rank, "world_size": self.world_size,
+                "run_id": self.run_id, "dumps": [os.path.basename(p) for p in self.dumps],
+                "updated_ns": time.time_ns(), **extra}
+        safe_files.write_atomic(os.path.join(self.dir, "marker.json"), json.dumps(data, indent=2, default=str))
+
+    def _mark_quietly(self, state: str, **extra: Any) -> None:
+        try:
+            self.mark(state, **extra)
+        except OSError:  # the disk that failed the dump may fail this too; the ring still tells
+            pass
+
+    # -- rank -----------------------------------------------------------------------------------
+    def resolve_rank(self, rank: int, world_size: int) -> None:
+        """The rank is known now (``init_process_group`` ran): move the ring under ``rank_{rank}``.
+
+        Called at a step boundary on the training thread; a dump under way defers it to the next one.
+        """
+        if self.ring.closed or not self._dump_lock.acquire(blocking=False):
+            return
+        try:
+            self._relocate(rank, world_size)
+        finally:
+            self._dump_lock.release()
+
+    def _relocate(self, rank: int, world_size: int) -> None:
+        old_dir, old_created = self.dir, self._created
+        new_dir = rdr_dir(self.config.path, rank)
+        if new_dir != old_dir:
+            created = _missing_folders(new_dir)
+            safe_files.ensure_dir(new_dir)
+            ring_path = os.path.join(new_dir, os.path.basename(self.ring.path))
+            fatal_path = os.path.join(new_dir, os.path.basename(self.fatal_path))
+            os.rename(self.ring.path, ring_path)  # the map stays valid: it maps the file, not the name
+            self.ring.path = ring_path
+            if os.path.lexists(self.fatal_path):
+                os.rename(self.fatal_path, fatal_path)  # faulthandler writes through its open descriptor
+            self.fatal_path = fatal_path
+            self.dir, self._created = new_dir, created
+        # Published in the ring's header so recover names the right rank.
+        self.ring.buffer()[_RANK_AT:_RANK_AT + 8] = rank.to_bytes(4, "little") + world_size.to_bytes(4, "little")
+        self.rank, self.world_size, self.rank_known = rank, world_size, True
+        self.mark("running")
+        if new_dir != old_dir:
+            try:
+                os.unlink(os.path.join(old_dir, "marker.json"))
+            except FileNotFoundError:
+                pass
+            _remove_empty(old_created)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _unsubscribe(self) -> None:
@@ -290,18 +424,51 @@ class Recorder:
         self.ring.abandon()  # the child's copy of the map goes with the process; never unlink
 
     def close(self, *, clean_exit: bool = True, state: str = "exited") -> None:
-        """Unsubscribe; a clean close removes the ring (nothing to recover) and marks the rank ``state``."""
+        """Unsubscribe and close the ring; on a clean exit, tidy up (see :meth:`finish`)."""
         if self.ring.closed:
             return
         self._unsubscribe()
-        self.ring.close(remove=clean_exit)
+        keep = not clean_exit or self.failed is not None
+        self.ring.close(remove=not keep)
         if clean_exit:
-            try:
-                if os.path.getsize(self.fatal_path) == 0:
-                    os.unlink(self.fatal_path)
-            except OSError:
-                pass
-            self.mark(state, dumped=bool(self.dumps))
+            self.finish(state, ring_removed=not keep)
+
+    def finish(self, state: str, *, ring_removed: bool) -> None:
+        """The files of a process that is ending (the map may still be open: the process dies next).
+
+        * a dump failed, or the ring could not be removed: the ring stays for ``obs rdr recover``,
+          and the marker says why;
+        * something was reported (a bundle, a signal): the marker says ``state``;
+        * nothing to report: nothing is left behind: no ring, no marker, no folder obs created.
+        """
+        if not ring_removed:
+            self._mark_quietly("dump_failed" if self.failed else state, failed=self.failed,
+                               ring=os.path.basename(self.ring.path),
+                               next_step="obs rdr recover makes a bundle from the ring")
+            return
+        try:
+            if os.path.getsize(self.fatal_path) == 0:
+                os.unlink(self.fatal_path)
+        except OSError:
+            pass
+        if self.dumps or state != "exited":
+            self._mark_quietly(state, dumped=bool(self.dumps))
+            return
+        try:
+            os.unlink(os.path.join(self.dir, "marker.json"))
+        except FileNotFoundError:
+            pass
+        _remove_empty(self._created)
+
+    def remove_ring(self) -> bool:
+        """Unlink the ring file, keeping the map (the process is about to die); False if it failed."""
+        try:
+            os.unlink(self.ring.path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        return True
 
 
 def _hotpath() -> Any:

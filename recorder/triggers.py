@@ -2,7 +2,9 @@
 
 Each trigger chains to what was installed before it (the previous excepthook or signal
 handler still runs, and a process killed by a signal still dies of it, with the same status
-as without obs).  ``uninstall()`` puts every previous handler back.
+as without obs).  ``uninstall()`` puts every previous handler back.  SIGTERM and SIGINT go
+through :mod:`recorder.signals` (a C handler and a watcher thread: they work while the main
+thread is blocked in C); the triggers are its target.
 """
 
 from __future__ import annotations
@@ -10,18 +12,17 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import os
-import signal
 import sys
 import threading
 import time
 from typing import Any
 
+from obs._core import safe_files
 from obs._core.internal import report_internal_error
+from recorder import signals
 from recorder.recorder import Recorder
 
 __all__ = ["Triggers", "progress"]
-
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def progress(recorder: Recorder) -> int:
@@ -36,10 +37,9 @@ class Triggers:
         self.recorder = recorder
         self.mode, self.op_timeout, self.hang_action = mode, op_timeout, hang_action
         self.abnormal = False  #: an exception or signal ended (or is ending) the run
-        self._sigint_dumped = False
+        self.signalled: str | None = None  #: the signal being handled (its dump is the fault's one dump)
         self._prev_sys: Any = None
         self._prev_thread: Any = None
-        self._prev_signals: dict[int, Any] = {}
         self._fatal: Any = None
         self._faulthandler_was: bool = False
         self._stop = threading.Event()
@@ -47,15 +47,14 @@ class Triggers:
 
     # -- install / uninstall ------------------------------------------------------------------
     def install(self) -> Triggers:
+        """Hooks, the fatal-signal file, the watchdog; SIGTERM/SIGINT through the process's signal relay
+        (installed now when this is the main thread; off it, only an already installed relay is used)."""
         self._prev_sys, sys.excepthook = sys.excepthook, self._sys_hook
         self._prev_thread, threading.excepthook = threading.excepthook, self._thread_hook
-        if threading.current_thread() is threading.main_thread():
-            for sig in _SIGNALS:
-                self._prev_signals[sig] = signal.getsignal(sig)
-                signal.signal(sig, self._on_signal)
-        fd = os.open(self.recorder.fatal_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        self._fatal = os.fdopen(fd, "w")
+        relay = signals.install_relay()
+        if relay is not None:
+            relay.target = self
+        self._fatal = os.fdopen(safe_files.create_file(self.recorder.fatal_path), "w")
         self._faulthandler_was = faulthandler.is_enabled()
         faulthandler.enable(self._fatal, all_threads=True)
         self.start_watchdog()
@@ -78,10 +77,9 @@ class Triggers:
             sys.excepthook = self._prev_sys
         if threading.excepthook == self._thread_hook:
             threading.excepthook = self._prev_thread
-        for sig, prev in self._prev_signals.items():
-            if signal.getsignal(sig) == self._on_signal:
-                signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
-        self._prev_signals = {}
+        relay = signals.relay()
+        if relay is not None and relay.target is self:
+            relay.target = None  # the relay itself is restored by whoever stops the recorder (main thread)
         if self._fatal is not None:
             faulthandler.disable()
             if self._faulthandler_was:
@@ -111,7 +109,7 @@ class Triggers:
 
     def _sys_hook(self, etype: type[BaseException], value: BaseException, tb: Any) -> None:
         self.abnormal = True
-        if not (isinstance(value, KeyboardInterrupt) and self._sigint_dumped):
+        if not (isinstance(value, KeyboardInterrupt) and self.signalled):
             self._dump("exception", error=value, fault={"kind": "exception", "where": "main thread"})
         self._prev_sys(etype, value, tb)
 
@@ -121,22 +119,38 @@ class Triggers:
             self._dump("thread_exception", error=args.exc_value, fault={"kind": "thread_exception", "where": name})
         self._prev_thread(args)
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
+    # -- the signal relay's target (recorder.signals.SignalTarget) -------------------------------
+    def signal_dump(self, name: str, budget_s: float) -> bool:
+        """On the relay's thread: one bundle for this signal, or the end of a dump already under way."""
         self.abnormal = True
-        self.recorder.marker("signal", signal=name)
-        self._dump(name, fault={"kind": "signal", "where": name})
-        if signum == signal.SIGINT:
-            self._sigint_dumped = True
-        prev = self._prev_signals.get(signum)
-        if callable(prev):
-            prev(signum, frame)  # e.g. Python's default SIGINT handler raises KeyboardInterrupt
-        elif prev != signal.SIG_IGN:
-            # Die of the signal as without us: default action, re-raised.
-            self.recorder.close(clean_exit=True, state=f"killed by {name}")
-            self.uninstall()
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        self.signalled = name
+        recorder = self.recorder
+        recorder.marker("signal", signal=name)
+        if recorder.busy():  # exactly one dump per fault: the one under way is it
+            return recorder.wait_idle(budget_s) and recorder.failed is None
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                self._dump(name, fault={"kind": "signal", "where": name})
+            finally:
+                done.set()
+
+        # On its own thread so the budget holds however long the dump would take: past it, the
+        # process ends and the ring stays for obs rdr recover.
+        threading.Thread(target=run, name="obs-rdr-signal-dump", daemon=True).start()
+        return done.wait(budget_s) and recorder.failed is None and bool(recorder.dumps)
+
+    def dumping_here(self) -> bool:
+        return self.recorder.dumping_here()
+
+    def ending(self, name: str, complete: bool) -> None:
+        """The process dies of ``name`` next: the ring goes only when its bundle is on disk."""
+        recorder = self.recorder
+        if recorder.ring.closed:
+            return
+        removed = complete and recorder.remove_ring()
+        recorder.finish(f"killed by {name}", ring_removed=removed)
 
     def _watch(self) -> None:
         interval = min(1.0, self.op_timeout / 4)

@@ -65,7 +65,7 @@ class StepTracker:
     """Counts steps and emits STEP_BEGIN / STEP_END."""
 
     __slots__ = ("step", "in_step", "explicit", "memory_probe", "_began_ns", "_memory_ns", "_lock", "_demands",
-                 "_watchers")
+                 "_watchers", "at_boundary")
 
     def __init__(self) -> None:
         self.step = 0  #: number of the current (or last) step, counting from 1
@@ -73,6 +73,9 @@ class StepTracker:
         self.explicit = False
         #: set by a runtime adapter: returns memory statistics for the MEMORY event at step end
         self.memory_probe: Callable[[], dict[str, Any]] | None = None
+        #: called on the training thread between steps (before a step begins, after one ended):
+        #: where staged changes are applied (a hot-reloaded recorder swap, the rank's folder)
+        self.at_boundary: tuple[Callable[[], None], ...] = ()
         self._began_ns = 0
         self._memory_ns: int | None = None
         self._lock = threading.Lock()
@@ -135,6 +138,11 @@ class StepTracker:
                 self.explicit = True
             if self.in_step:
                 return
+        if self.at_boundary:
+            self._boundary()
+        with self._lock:
+            if self.in_step:
+                return
             self.in_step = True
             self.step += 1
             self._began_ns = time.perf_counter_ns()
@@ -158,6 +166,15 @@ class StepTracker:
                 report_internal_error("memory probe", exc)
             else:
                 bus.emit(Event.MEMORY, number, stats)
+        if self.at_boundary:
+            self._boundary()
+
+    def _boundary(self) -> None:
+        for hook in self.at_boundary:
+            try:
+                hook()
+            except Exception as exc:
+                report_internal_error("step boundary hook", exc)
 
     def auto_begin(self) -> None:
         """A detected begin: the optimizer pre-hook, or the first module / compiled-graph call with grad enabled."""

@@ -1,4 +1,10 @@
-"""The applier of ``env_config_path``: the settings of the file in force, hot reload, step-boundary swaps."""
+"""The applier of ``env_config_path``: the settings of the file in force, hot reload, step-boundary swaps.
+
+A hot reload is validated on the watcher's thread and *staged*; it takes effect at the next step
+boundary, on the training thread (``tracker.at_boundary``), where nothing is mid-event: the
+recorder is swapped there, never under a running handler, and signals are never touched from the
+watcher thread.  While a file is watched, steps are detected (a step demand) so the boundary comes.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from obs._core.errors import ObsConfigError
-from obs._core.events import Event, Subscription, bus
-from obs.runtime.steps import tracker
+from obs._core.events import Event, bus
+from obs.runtime.steps import StepDemand, tracker
 from obs.settings._watch import FileWatcher
 from obs.settings.env_config import EnvConfig, load_file, resolve
 
@@ -33,8 +39,9 @@ class EnvConfigFeature:
         self._lock = threading.Lock()
         self._current: EnvConfig | None = None
         self._pending: EnvConfig | None = None
+        self._staged = threading.Condition(self._lock)
         self._watcher: FileWatcher | None = None
-        self._step_sub: Subscription | None = None
+        self._demand: StepDemand | None = None
         self.last_error: str | None = None  #: the error of the last invalid reload, None after a good one
         self.debounce_s = 0.2
         self.listeners: list[Any] = []  #: called with no argument after the settings in force changed
@@ -60,7 +67,8 @@ class EnvConfigFeature:
         self._swap(prepared, "set_context")
         if prepared.file:
             self._watcher = FileWatcher(prepared.file, self._reload, debounce_s=self.debounce_s).start()
-            self._step_sub = bus.subscribe(Event.STEP_END, self._on_step_end)
+            self._demand = tracker.require("config hot reload")
+            tracker.at_boundary = tracker.at_boundary + (self.apply_pending,)
 
     def close(self) -> None:
         self._stop()
@@ -83,19 +91,30 @@ class EnvConfigFeature:
                 warnings.warn(message, ObsConfigWarning, stacklevel=1)
             return
         self.last_error = None
-        if tracker.in_step:
-            with self._lock:
-                self._pending = cfg
-        else:
-            self._swap(cfg, watcher.path)
+        with self._lock:
+            self._pending = cfg  # applied at the next step boundary, on the training thread
+            self._staged.notify_all()
 
-    def _on_step_end(self, step: int, duration_ns: int) -> None:
+    def staged(self) -> EnvConfig | None:
+        """The validated reload waiting for the next step boundary, if any."""
+        with self._lock:
+            return self._pending
+
+    def wait_staged(self, predicate: Any, timeout: float) -> EnvConfig | None:
+        """Block until the staged reload satisfies ``predicate(cfg)``; None on timeout (tests use it)."""
+        with self._lock:
+            if self._staged.wait_for(lambda: self._pending is not None and predicate(self._pending), timeout):
+                return self._pending
+            return None
+
+    def apply_pending(self) -> None:
+        """Apply the staged reload now: called between steps on the training thread."""
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
-            self._swap(pending, pending.file)
+            self._swap(pending, pending.file, reload=True)
 
-    def _swap(self, cfg: EnvConfig, source: str) -> None:
+    def _swap(self, cfg: EnvConfig, source: str, *, reload: bool = False) -> None:
         with self._lock:
             old, self._current = self._current, cfg
         if old is None:
@@ -106,12 +125,21 @@ class EnvConfigFeature:
         if changes:
             bus.emit(Event.SETTINGS_CHANGED, source, changes)
             for listener in self.listeners:
-                listener()
+                try:
+                    listener()
+                except (OSError, ValueError) as exc:  # e.g. a reloaded rdr.path that cannot be created
+                    if not reload:
+                        raise  # set_context: its caller rolls back and reports
+                    message = f"{source}: applying the reloaded settings failed: {exc}"
+                    self.last_error = message
+                    logger.warning("%s", message)
+                    warnings.warn(message, ObsConfigWarning, stacklevel=1)
 
     def _stop(self) -> None:
-        if self._step_sub is not None:
-            self._step_sub.remove()
-            self._step_sub = None
+        tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.apply_pending)
+        if self._demand is not None:
+            self._demand.remove()
+            self._demand = None
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
