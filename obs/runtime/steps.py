@@ -11,6 +11,11 @@ records carries the current (last) step's number.
 Steps are detected while someone needs them: a subscriber of STEP_BEGIN / STEP_END / MEMORY,
 or a feature that stamps records with ``tracker.step`` without subscribing (Print to file)
 and says so with :meth:`StepTracker.require`.  With neither, nothing is installed.
+
+Where a step begins depends on what is installed: with module events (or a compiled graph), at
+its first forward; with the optimizer hooks alone (Print to file, RDR ``step`` granularity), at
+``optimizer.step()``, so a record made earlier in that step's forward carries the previous
+step's number.  ``obs.steps(loader)`` / ``with obs.step():`` mark exact boundaries.
 """
 
 from __future__ import annotations
