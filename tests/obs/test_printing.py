@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -80,9 +81,10 @@ def test_directory_is_an_is_a_directory_error(tmp_path):
         obs.set_context(print_file_path=str(tmp_path))
 
 
-def test_empty_path_is_a_value_error():
-    with pytest.raises(ValueError, match="print_file_path"):
-        obs.set_context(print_file_path="")
+def test_empty_path_is_unset_as_get_context_returns_it(tmp_path):
+    obs.set_context(print_file_path=str(tmp_path / "p.pb"))
+    obs.set_context(print_file_path="")
+    assert obs.get_context("print_file_path") == "" and feature.path is None
 
 
 def test_a_failing_call_creates_no_file(tmp_path):
@@ -95,6 +97,7 @@ def test_a_failing_call_creates_no_file(tmp_path):
 def test_parent_folders_are_created_private(tmp_path):
     path = tmp_path / "a" / "b" / "print.pb"
     obs.set_context(print_file_path=str(path))
+    obs.Print("first")
     assert path.exists() and stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
 
 
@@ -131,7 +134,7 @@ def test_bad_values_raise_before_anything_is_written(tmp_path):
     obs.set_context(print_file_path=str(path))
     with pytest.raises(TypeError, match="got dict"):
         obs.Print("ok", {"no": 1})
-    assert path.stat().st_size == 0
+    assert not path.exists()
 
 
 def test_threads_never_tear_records(tmp_path):
@@ -205,6 +208,8 @@ def test_compiled_function_prints_without_graph_break(tmp_path):
         obs.Print("y is:", y, 0.5, (3, True))
         return y + 1
 
+    print_line = f.__code__.co_firstlineno + 2
+
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     for k in range(3):
         assert torch.equal(compiled(torch.full((3,), float(k))), torch.full((3,), 2.0 * k + 1))
@@ -213,7 +218,7 @@ def test_compiled_function_prints_without_graph_break(tmp_path):
     assert [c.values[1].tolist() for c in calls] == [[0.0] * 3, [2.0] * 3, [4.0] * 3]
     assert [c.values[0] for c in calls] == ["y is:"] * 3 and calls[0].values[2].item() == 0.5
     assert calls[0].values[3].dtype == np.int64 and calls[0].values[4].dtype == np.bool_
-    assert calls[0].meta.source == "<compiled graph>"
+    assert {c.meta.source for c in calls} == {f"{__file__}:{print_line}"}  # eager mode's file:line, not a placeholder
 
 
 def test_a_kill_right_after_print_loses_nothing(tmp_path):
@@ -239,3 +244,166 @@ def test_a_fault_fsyncs_the_print_file(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
     obs.bus.emit(obs.Event.FAULT, "exception", "forward", RuntimeError("boom"))
     assert synced == [feature.writer._fd]
+
+
+# --- disk full: the file keeps every whole record, Print never raises into the loop -------------------------------
+
+def test_disk_full_cuts_back_to_the_last_whole_record_and_warns_once(tmp_path):
+    path = tmp_path / "print.pb"
+    limit = 60_000
+    script = textwrap.dedent(f"""
+        import json, resource, signal, warnings
+        import numpy as np
+        import obs
+        from obs.printing import feature
+        from printsink.writer import PrintFileFullWarning
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+        obs.set_context(print_file_path={str(path)!r})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(40):
+                obs.Print("i", i, np.full(1500 + 700 * (i % 3), i, dtype=np.float32))
+            obs.Print("tiny")  # fits again once the torn record is cut off
+        writer = feature.writer
+        print(json.dumps(dict(records=writer.records, dropped=writer.dropped_records, bytes=writer.bytes,
+                              dropped_bytes=writer.dropped_bytes,
+                              warnings=[str(w.category.__name__) for w in caught],
+                              errors=obs.internal_error_counts())))
+        obs.reset_context()
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["warnings"] == ["PrintFileFullWarning"] and report["errors"] == {}
+    assert report["dropped"] >= 1 and report["records"] + report["dropped"] == 41
+    calls = list(iter_print(path))  # strict: no torn record anywhere
+    assert len(calls) == report["records"] and os.path.getsize(path) == report["bytes"] <= limit
+    numbers = [int(c.values[1]) for c in calls if len(c.values) == 3]
+    assert numbers == list(range(len(numbers))) and calls[-1].values == ["tiny"]
+    assert "dropped" in result.stderr and f"{report['dropped']} record(s)" in result.stderr
+
+
+# --- print_file_path: folders resolved, the last component never followed --------------------------------------------
+
+def test_a_symlink_planted_at_the_path_is_sidestepped_never_followed(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "secret").write_bytes(b"secret")
+    link = tmp_path / "print.pb"
+    link.symlink_to(other / "secret")
+    dangling = tmp_path / "new.pb"
+    dangling.symlink_to(other / "created-by-follow")
+    for planted in (link, dangling):
+        obs.set_context(print_file_path=str(planted))
+        obs.Print("x")
+        written = feature.writer.path
+        obs.reset_context()
+        assert os.path.dirname(written) == str(tmp_path) and written.startswith(f"{planted}.")
+        assert obs.parse_print(written) == ["x"] and os.path.islink(planted)
+    assert sorted(os.listdir(other)) == ["secret"] and (other / "secret").read_bytes() == b"secret"
+
+
+def test_a_symlink_planted_after_set_context_is_not_followed(tmp_path):
+    target = tmp_path / "victim"
+    target.write_bytes(b"keep")
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    path.symlink_to(target)  # the race: planted between set_context and the first Print
+    obs.Print("x")
+    written = feature.writer.path
+    obs.reset_context()
+    assert target.read_bytes() == b"keep" and os.path.islink(path)
+    assert written.startswith(f"{path}.") and obs.parse_print(written) == ["x"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devnull"])
+def test_a_device_or_fifo_is_refused_and_nothing_is_created_beside_it(tmp_path, kind):
+    if kind == "fifo":
+        path = str(tmp_path / "pipe.pb")
+        os.mkfifo(path)
+    else:
+        path = os.devnull
+    before = set(os.listdir(os.path.dirname(path)))
+    with pytest.raises(ValueError, match="not a regular file"):
+        obs.set_context(print_file_path=path)
+    assert set(os.listdir(os.path.dirname(path))) == before and feature.path is None
+
+
+def test_an_over_long_path_leaves_no_folders_behind(tmp_path):
+    for bad in (tmp_path / "a" / "b" / ("x" * 300), tmp_path / "a" / ("y" * 300) / "p.pb",
+                tmp_path / "a" / "b" / (("c" * 100 + "/") * 45 + "p.pb")):
+        with pytest.raises(ValueError, match="print_file_path"):
+            obs.set_context(print_file_path=str(bad))
+        assert os.listdir(tmp_path) == [] and obs.get_context("print_file_path") == ""
+
+
+def test_a_failed_first_create_removes_the_folders_it_made(tmp_path, monkeypatch):
+    from obs._core import safe_files
+
+    path = tmp_path / "a" / "b" / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    real = safe_files.create_file
+
+    def failing(p, **kw):
+        real(str(tmp_path / "a" / "b" / "probe"), **kw)  # the folders get made ...
+        os.unlink(tmp_path / "a" / "b" / "probe")
+        raise OSError(28, "No space left on device")  # ... then creating the file fails
+
+    monkeypatch.setattr(safe_files, "create_file", failing)
+    with pytest.raises(OSError, match="No space"):  # the test suite raises internal errors
+        obs.Print("x")
+    assert os.listdir(tmp_path) == []
+
+
+# --- no print, no file -----------------------------------------------------------------------------------------------
+
+def test_no_file_until_the_first_print(tmp_path):
+    path = tmp_path / "sub" / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    assert not (tmp_path / "sub").exists() and feature.path == str(path)
+    obs.reset_context()
+    assert os.listdir(tmp_path) == []
+    obs.set_context(print_file_path=str(path))
+    obs.Print("now")
+    obs.reset_context()
+    assert obs.parse_print(path) == ["now"]
+
+
+# --- workers: unique (pid, seq), the parent named ---------------------------------------------------------------------
+
+class _WorkerDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        obs.Print("sample", i)
+        return torch.tensor(i)
+
+
+def test_forked_dataloader_workers_have_their_own_seq_and_are_marked_as_workers(tmp_path):
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    for _ in range(5):
+        obs.Print("parent before")
+    loader = torch.utils.data.DataLoader(_WorkerDataset(), batch_size=2, num_workers=2,
+                                         multiprocessing_context="fork")
+    assert sorted(int(x) for batch in loader for x in batch) == list(range(12))
+    obs.Print("parent after")
+    obs.reset_context()
+    calls = list(iter_print(path))
+    keys = [(c.meta.pid, c.meta.seq) for c in calls]
+    assert len(set(keys)) == len(keys) == 18
+    me = os.getpid()
+    assert {c.meta.parent_pid for c in calls} == {me}
+    workers = [c for c in calls if c.meta.pid != me]
+    assert len({c.meta.pid for c in workers}) == 2
+    for pid in {c.meta.pid for c in workers}:
+        assert sorted(c.meta.seq for c in workers if c.meta.pid == pid) == list(range(1, 7))
+    assert [c.meta.seq for c in calls if c.meta.pid == me] == list(range(1, 7))
+    from tests.obs.cli.test_cli import obs_cli
+
+    shown = obs_cli("print", str(path)).stdout
+    assert shown.count(f"worker pid ") == 12 and f"(of {me}" in shown
+    lines = [json.loads(x) for x in obs_cli("print", str(path), "--json").stdout.splitlines()]
+    assert sum(x["worker"] for x in lines) == 12 and {x["parent_pid"] for x in lines} == {me}

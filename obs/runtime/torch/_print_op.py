@@ -1,18 +1,24 @@
 """Print inside ``torch.compile``: a registered custom op with side effects, so no graph break.
 
 The tensors travel as op inputs; strings and Python scalars are constants of the trace, packed
-into one JSON ``spec`` string (custom ops take no ``str[]``).  At run time the op rebuilds the
-call and hands it to the eager Print path.
+into one JSON ``spec`` string (custom ops take no ``str[]``) with the call site: Dynamo knows which
+user line it is tracing, so a compiled Print records ``model.py:188`` as eager mode does.  At run
+time the op rebuilds the call and hands it to the eager Print path.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import torch
 
 __all__ = ["print_in_graph"]
+
+_OBS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_UNKNOWN = "<compiled graph>"
+
 
 def _flatten(values: Any, out: list[Any]) -> list[Any]:
     for value in values:
@@ -23,19 +29,37 @@ def _flatten(values: Any, out: list[Any]) -> list[Any]:
     return out
 
 
+def _traced_call_site() -> str:
+    """``file:line`` of the user's frame that Dynamo is tracing (the innermost frame outside obs)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except Exception:  # noqa: BLE001 - a torch without this internal: the source is just unknown
+        return _UNKNOWN
+    while tx is not None:
+        code = getattr(tx, "f_code", None)
+        if code is not None and not os.path.abspath(code.co_filename).startswith(_OBS_DIR):
+            return f"{code.co_filename}:{tx.lineno}"
+        tx = getattr(tx, "parent", None)
+    return _UNKNOWN
+
+
 @torch.compiler.assume_constant_result
 def _spec(constants: tuple[Any, ...]) -> str:
-    return json.dumps(constants)
+    """Run for real while Dynamo traces (its result is a constant of the graph)."""
+    return json.dumps({"source": _traced_call_site(), "values": constants})
 
 
 @torch.library.custom_op("obs::print_values", mutates_args=())
 def print_values(tensors: list[torch.Tensor], spec: str) -> None:
     """Publish one Print call: ``spec`` lists the values, ``null`` marking the next tensor."""
     it = iter(tensors)
-    values = tuple(next(it) if v is None else v for v in json.loads(spec))
+    call = json.loads(spec)
+    values = tuple(next(it) if v is None else v for v in call["values"])
     from obs.printing import publish  # the eager Print path, resolved at run time (never traced)
 
-    publish(values, "<compiled graph>")
+    publish(values, call["source"])
 
 
 @print_values.register_fake
