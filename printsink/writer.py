@@ -122,9 +122,15 @@ class PrintWriter:
                 _log.warning(message)
 
     def fsync(self) -> None:
+        """Flush to disk; a full disk is logged, not raised (at exit and on a fault there is no one to tell)."""
         with self._lock:
             if self._fd is not None:
-                os.fsync(self._fd)
+                try:
+                    os.fsync(self._fd)
+                except OSError as exc:
+                    if exc.errno not in _FULL:
+                        raise
+                    _log.warning("obs.Print: %r: fsync failed: %s", self.path, exc)
 
     def close(self) -> None:
         """fsync and close; closing twice is fine.  Says how much was dropped, if anything was."""

@@ -8,6 +8,7 @@ the rest).  Text from the file is escaped (:func:`~obs.cli._render.clean`) befor
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -157,6 +158,7 @@ def run_print(path: str, *, follow: bool, as_json: bool, partial: bool, poll_s: 
         if not as_json and size >= _PROGRESS_MIN_BYTES and sys.stderr.isatty():
             calls = _with_progress(calls, size)
     out = console()
+    out.on_broken_pipe = _reraise_broken_pipe  # type: ignore[method-assign]
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", PrintFileWarning)
@@ -172,6 +174,11 @@ def run_print(path: str, *, follow: bool, as_json: bool, partial: bool, poll_s: 
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def _reraise_broken_pipe() -> None:
+    """rich ends the process with exit 1 on a closed pipe; obs's main() ends it quietly with 0 instead."""
+    raise BrokenPipeError(errno.EPIPE, "the reader closed the pipe")
 
 
 def _show(calls: Iterator[PrintCall], out: Any, *, as_json: bool, follow: bool) -> None:

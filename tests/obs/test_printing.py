@@ -221,6 +221,36 @@ def test_compiled_function_prints_without_graph_break(tmp_path):
     assert {c.meta.source for c in calls} == {f"{__file__}:{print_line}"}  # eager mode's file:line, not a placeholder
 
 
+def _print_twice(y):
+    obs.Print("helper", y)
+
+
+class _PrintingNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.fc(x)
+        obs.Print("forward", y)
+        _print_twice(y)
+        return y
+
+
+def test_compiled_module_records_each_call_site_inlined_frames_too(tmp_path):
+    import inspect
+
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    net = torch.compile(_PrintingNet(), backend="eager", fullgraph=True)
+    net(torch.ones(2, 3))
+    obs.reset_context()
+    forward_line = inspect.getsourcelines(_PrintingNet.forward)[1] + 2
+    helper_line = _print_twice.__code__.co_firstlineno + 1
+    assert [(c.values[0], c.meta.source) for c in iter_print(path)] == [
+        ("forward", f"{__file__}:{forward_line}"), ("helper", f"{__file__}:{helper_line}")]
+
+
 def test_a_kill_right_after_print_loses_nothing(tmp_path):
     path = tmp_path / "print.pb"
     script = textwrap.dedent(f"""

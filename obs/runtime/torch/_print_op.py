@@ -30,18 +30,17 @@ def _flatten(values: Any, out: list[Any]) -> list[Any]:
 
 
 def _traced_call_site() -> str:
-    """``file:line`` of the user's frame that Dynamo is tracing (the innermost frame outside obs)."""
+    """``file:line`` of the user's frame that Dynamo is tracing: the innermost traced frame outside obs
+    (inlined calls included)."""
     try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
+        from torch._guards import TracingContext
 
-        tx = InstructionTranslator.current_tx()
+        stack = TracingContext.extract_stack()
     except Exception:  # noqa: BLE001 - a torch without this internal: the source is just unknown
         return _UNKNOWN
-    while tx is not None:
-        code = getattr(tx, "f_code", None)
-        if code is not None and not os.path.abspath(code.co_filename).startswith(_OBS_DIR):
-            return f"{code.co_filename}:{tx.lineno}"
-        tx = getattr(tx, "parent", None)
+    for frame in reversed(stack):
+        if not os.path.abspath(frame.filename).startswith(_OBS_DIR):
+            return f"{frame.filename}:{frame.lineno}"
     return _UNKNOWN
 
 

@@ -8,6 +8,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from printsink.encoder import CallMeta, encode_bytes
 from printsink.values import normalize
@@ -137,14 +138,18 @@ def test_control_characters_from_the_file_are_escaped(tmp_path):
     assert json.loads(result.stdout)["values"][0]["value"].startswith("\x1b[2J")
 
 
-def test_json_lines_into_a_closed_pipe_end_quietly(tmp_path):
-    """``obs print FILE --json | head -1``: one line out, no error, exit 0."""
+@pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "human"])
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path, flags):
+    """``obs print FILE [--json] | head -1``: one line out, no error, exit 0 (rich alone would exit 1)."""
     path = tmp_path / "p.pb"
     _write(path, [(f"call {i}", np.arange(2000, dtype=np.float32)) for i in range(300)])
-    cmd = f"{sys.executable} -m obs print {path} --json | head -1; echo \"rc=${{PIPESTATUS[0]}}\" >&2"
+    cmd = f"{sys.executable} -m obs print {path} {' '.join(flags)} | head -1; echo \"rc=${{PIPESTATUS[0]}}\" >&2"
     result = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
-    assert json.loads(result.stdout.splitlines()[0])["values"][0]["value"] == "call 0"
     assert len(result.stdout.splitlines()) == 1
+    if flags:
+        assert json.loads(result.stdout)["values"][0]["value"] == "call 0"
+    else:
+        assert result.stdout.startswith("#1  step 5")
     assert result.stderr.strip() == "rc=0", result.stderr
 
 
