@@ -46,7 +46,7 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
         "dropped": contents.dropped, "recorded": {"events": int(len(contents.slots)) + len(contents.blobs)},
         "last_module": summary["last_module"], "open_modules": summary["open_modules"],
         "last_op": summary["last_op"], "fault": fault, "recovered": recovered,
-        "exception": {k: exc[k] for k in ("type", "message", "where")} if exc else None,
+        "exception": {k: exc[k] for k in ("type", "message", "where", "raised_in")} if exc else None,
     }
     return manifest, files
 

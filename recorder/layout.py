@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from obs._core.errors import DamagedFileError, NotOurFileError, ObsConfigError
-
 __all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "MAX_RING_BYTES", "RINGS",
            "SLOT", "STRINGS_USED_AT", "VERSION", "Header", "Kind", "Region", "check_capacity", "plan"]
 
@@ -125,6 +123,8 @@ class Header:
         Raises :class:`NotOurFileError` when ``data`` is not a ring file (magic, version) and
         :class:`DamagedFileError` (with the byte offset) when it is one whose header is damaged.
         """
+        from obs._core.errors import DamagedFileError, NotOurFileError  # lazily: obs's settings import this module
+
         size = len(data) if size is None else size
         if 0 < len(data) < len(MAGIC) and MAGIC.startswith(bytes(data)):
             raise DamagedFileError(f"{path}: ring file is truncated at byte {len(data)}", path=path, offset=len(data))
@@ -183,8 +183,8 @@ class Header:
                                       f"before it (which ends at byte {end})")
             end = offset + length
             if end > size:
-                raise DamagedFileError(f"{path}: ring file is truncated: region {name!r} ends at byte {end}, the "
-                                       f"file has {size} bytes", path=path, offset=size)
+                raise DamagedFileError(f"{path}: ring file is truncated at byte {size}: region {name!r} ends at "
+                                       f"byte {end}", path=path, offset=size)
         return cls(pid, rank, world, wall_ns, mono_ns, strings, s_used, blobs, tuple(rings), meta)
 
 
@@ -195,6 +195,8 @@ def check_capacity(capacity: Mapping[str, Any]) -> int:
     number >= 1, or the file would exceed :data:`MAX_RING_BYTES` (the message gives the size it would
     take, the key that asks for most of it, and the limit).
     """
+    from obs._core.errors import ObsConfigError  # lazily: obs's settings import this module
+
     full = {**DEFAULT_CAPACITY}
     for key, value in capacity.items():
         option = f"capacity.{key}"

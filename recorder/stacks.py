@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import threading
 import traceback
 from typing import Any
@@ -11,8 +12,12 @@ from typing import Any
 __all__ = ["all_stacks", "exception_record", "stacks_text"]
 
 
-_OURS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + pkg + os.sep
-              for pkg in ("obs", "recorder"))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OURS = tuple(_ROOT + os.sep + pkg + os.sep for pkg in ("obs", "recorder"))
+#: obs's frames that wrap a user's call (the module wrapper, the op dispatch mode)
+_WRAPPERS = tuple(os.path.join(_ROOT, "obs", "runtime", "torch", name) for name in ("_modules.py", "_ops.py"))
+_LIBRARY = tuple(sorted({p + os.sep for p in (sysconfig.get_paths().get(k) for k in
+                                              ("stdlib", "platstdlib", "purelib", "platlib")) if p}))
 
 
 def all_stacks() -> list[dict[str, Any]]:
@@ -49,13 +54,59 @@ def stacks_text(stacks: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _is_wrapper(filename: str) -> bool:
+    """A frame of obs's own machinery that a user's traceback passes through (module wrapper, dispatch mode)."""
+    return filename.startswith(_WRAPPERS)
+
+
+def _is_library(filename: str) -> bool:
+    """Installed code (site-packages, the standard library), as opposed to the user's own files."""
+    return filename.startswith("<") or filename.startswith(_LIBRARY) or os.sep + "site-packages" + os.sep in filename \
+        or os.sep + "dist-packages" + os.sep in filename
+
+
+def _frame(f: traceback.FrameSummary) -> dict[str, Any]:
+    return {"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line or ""}
+
+
+def _drop_wrappers(te: traceback.TracebackException, seen: set[int]) -> None:
+    """Leave obs's wrapper frames out of ``te`` and every exception chained to it."""
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    te.stack = traceback.StackSummary.from_list([f for f in te.stack if not _is_wrapper(f.filename)])
+    for other in (te.__cause__, te.__context__):
+        if other is not None:
+            _drop_wrappers(other, seen)
+
+
 def exception_record(error: BaseException) -> dict[str, Any]:
-    """Type, message, formatted traceback (with chained causes) and the innermost frame."""
-    tb = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
-    last = tb[-1] if tb else None
+    """Type, message, formatted traceback (with chained causes), its frames and where it was raised.
+
+    The traceback runs from the user's outermost frame to the frame that raised: when the error is
+    recorded while it is still propagating (a module or op fault, dumped from inside obs's wrapper),
+    its traceback starts at the frame that caught it, and the frames outside it come from the live
+    stack.  obs's own wrapper frames are left out.  ``where`` is the user's innermost frame;
+    ``raised_in`` the innermost frame when that is library code (torch's ``linear.py``), else None.
+    """
+    te = traceback.TracebackException.from_exception(error)
+    tb = error.__traceback__
+    outer: list[traceback.FrameSummary] = []
+    if tb is not None and tb.tb_frame.f_back is not None:
+        outer = list(traceback.extract_stack(tb.tb_frame.f_back))
+    te.stack = traceback.StackSummary.from_list(outer + list(te.stack))
+    _drop_wrappers(te, set())
+    frames = list(te.stack)
+    mine = [f for f in frames if not _is_library(f.filename)]
+    innermost = frames[-1] if frames else None
+    user = mine[-1] if mine else innermost
+    raised_in = innermost if innermost is not None and user is not innermost else None
     return {
         "type": f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins."),
         "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
-        "where": {"file": last.filename, "line": last.lineno, "function": last.name} if last else None,
+        "traceback": "".join(te.format()),
+        "frames": [_frame(f) for f in frames],
+        "where": {"file": user.filename, "line": user.lineno, "function": user.name} if user else None,
+        "raised_in": {"file": raised_in.filename, "line": raised_in.lineno, "function": raised_in.name}
+        if raised_in else None,
     }

@@ -185,10 +185,19 @@ def _header(b: Bundle) -> Panel:
     return Panel(grid, title=clean(b.info.name), title_align="left", expand=False)
 
 
+_OUR_CODE = tuple(f"{os.sep}{pkg}{os.sep}" for pkg in ("obs", "recorder", "watchdog"))
+
+
 def _ours(thread: dict[str, Any]) -> bool:
-    """obs's own threads (named ``obs-*``: the config watcher, the hang watchdog)."""
+    """obs's own threads: named ``obs-*`` (the config watcher, the hang watchdog), or running obs's code (the
+    ``watchdog`` package's observer threads behind the config watcher).  The main thread never is."""
+    if thread.get("main") is True:
+        return False
     name = thread["thread"]
-    return name.startswith("obs-") or "watchdog" in name
+    if name.startswith("obs-") or "watchdog" in name:
+        return True
+    targets = [f["file"] for f in thread["frames"] if not f["file"].endswith(f"{os.sep}threading.py")]
+    return bool(targets) and any(part in targets[0] for part in _OUR_CODE)
 
 
 def _stacks(b: Bundle, frames: int, all_threads: bool) -> Tree:
@@ -228,7 +237,7 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
     out.print(_header(b))
     if b.exception:
         out.print(Panel(_plain(b.exception.get("traceback", "").rstrip()), title="exception", title_align="left",
-                        border_style="red"))
+                        border_style="red", expand=False))
     out.print(_timeline(events, f"last {len(events)} events (t relative to the last one)"))
     memory = b.events({"memory"}, last=3)
     if memory:
@@ -236,7 +245,7 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
                                                     for e in memory)))
     if b.fatal_stacks:
         out.print(Panel(_plain(b.fatal_stacks.rstrip()), title="fatal signal (faulthandler)", title_align="left",
-                        border_style="red"))
+                        border_style="red", expand=False))
     if b.stacks:
         out.print(_stacks(b, frames=8, all_threads=all_threads))
     for graph in b.graphs:
