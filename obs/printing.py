@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from obs._core import safe_files
+from obs._core import outputs, safe_files
 from obs._core.errors import ObsConfigError, UnsafePathError, shorten
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error
@@ -248,6 +248,7 @@ class PrintFeature:
                     self.target, self._inherited = os.environ[ENV_PRINT_FILE], True
                     self.parent_pid = int(os.environ.get(ENV_PRINT_PID, "0") or 0)
                 self.writer = self._open(self.target)
+                outputs.wrote("print file", self.writer.path)
             return self.writer
 
     @staticmethod

@@ -1,13 +1,17 @@
 """Print records in MindSpore's wire format: values → items → encoder → writer; reader → parse_print.
 
-``import printsink`` does not import torch; torch tensors are converted only when printed.
+``import printsink`` does not import torch; torch tensors are converted only when printed.  It imports
+``obs._core.errors`` (through ``obs``) so that a damaged print file is an ``obs`` ``DamagedFileError``.
 """
 
-from printsink.encoder import CallMeta, encode_record
-from printsink.reader import (PrintCall, PrintFileError, PrintFileWarning, TruncatedPrintFile, follow_print,
-                              iter_print, parse_print)
-from printsink.values import TensorItem, normalize
-from printsink.writer import PrintWriter
+import obs._core.errors  # noqa: F401 - first: obs imports printsink's modules back while it initialises
 
-__all__ = ["CallMeta", "PrintCall", "PrintFileError", "PrintFileWarning", "PrintWriter", "TensorItem",
-           "TruncatedPrintFile", "encode_record", "follow_print", "iter_print", "normalize", "parse_print"]
+from printsink.encoder import CallMeta, encode_record
+from printsink.reader import (NotAPrintFile, PrintCall, PrintFileError, PrintFileWarning, TruncatedPrintFile,
+                              follow_print, iter_print, parse_print)
+from printsink.values import TensorItem, normalize
+from printsink.writer import PrintFileFullWarning, PrintWriter
+
+__all__ = ["CallMeta", "NotAPrintFile", "PrintCall", "PrintFileError", "PrintFileFullWarning", "PrintFileWarning",
+           "PrintWriter", "TensorItem", "TruncatedPrintFile", "encode_record", "follow_print", "iter_print",
+           "normalize", "parse_print"]

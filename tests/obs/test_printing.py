@@ -394,10 +394,13 @@ def test_no_file_until_the_first_print(tmp_path):
     assert not (tmp_path / "sub").exists() and feature.path == str(path)
     obs.reset_context()
     assert os.listdir(tmp_path) == []
+    from obs._core.outputs import written
+
+    assert ("print file", str(path)) not in written()
     obs.set_context(print_file_path=str(path))
     obs.Print("now")
     obs.reset_context()
-    assert obs.parse_print(path) == ["now"]
+    assert obs.parse_print(path) == ["now"] and ("print file", str(path)) in written()
 
 
 # --- workers: unique (pid, seq), the parent named ---------------------------------------------------------------------
