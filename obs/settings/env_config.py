@@ -14,7 +14,7 @@ from typing import Any
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
 from obs.settings._table import Option, OptionTable
 from obs.settings._validators import Bool, Choice, Dict, Int, Str, did_you_mean, json_words, show
-from recorder.layout import DEFAULT_CAPACITY
+from recorder.layout import DEFAULT_CAPACITY, check_capacity
 
 __all__ = ["ENV_VARS", "SECTIONS", "ConfigFileError", "EnvConfig", "Problem", "load_file", "parse_env", "parse_text",
            "resolve"]
@@ -169,8 +169,17 @@ def _check_section(name: str, body: dict[str, Any], problems: list[Problem]) -> 
     return values
 
 
-#: Checks of a whole section after its keys passed (e.g. the recorder's ring must fit a sane size).
-SECTION_CHECKS: dict[str, list[Any]] = {}
+def _ring_fits(values: Mapping[str, Any]) -> str:
+    """The recorder's ring file, all rings together, must fit the per-rank bound (a clear error otherwise)."""
+    try:
+        check_capacity(values.get("capacity", {}))
+    except ObsConfigError as exc:
+        return str(exc)
+    return ""
+
+
+#: Checks of a whole section after its keys passed: message, or "" when the section is fine.
+SECTION_CHECKS: dict[str, list[Any]] = {"rdr": [_ring_fits]}
 
 
 def show_json(value: Any) -> str:

@@ -107,3 +107,15 @@ def test_huge_values_are_cut_in_messages(tmp_path):
     with pytest.raises(ConfigFileError) as info:
         load_file(str(path))
     assert len(str(info.value)) < 400 and "[100002 chars]" in str(info.value)
+
+
+def test_a_ring_larger_than_the_bound_is_refused_with_the_size_it_would_take(tmp_path):
+    from obs.settings.env_config import ConfigFileError, load_file
+
+    path = tmp_path / "obs.json"
+    path.write_text(json.dumps({"rdr": {"enable": True, "capacity": {"blob": 16777216}}}))
+    with pytest.raises(ConfigFileError) as info:
+        load_file(str(path))
+    text = str(info.value)
+    assert "capacity.blob=16777216 asks for a ring file of 32.0 GiB" in text and "the limit is 1.0 GiB" in text
+    assert not list(tmp_path.iterdir())[1:]  # nothing was created beside the config
