@@ -9,13 +9,14 @@ import threading
 import traceback
 from typing import Any
 
-__all__ = ["all_stacks", "exception_record", "stacks_text"]
+__all__ = ["WRAPPER_FILES", "all_stacks", "exception_record", "is_wrapper", "stacks_text"]
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OURS = tuple(_ROOT + os.sep + pkg + os.sep for pkg in ("obs", "recorder"))
-#: obs's frames that wrap a user's call (the module wrapper, the op dispatch mode)
-_WRAPPERS = tuple(os.path.join(_ROOT, "obs", "runtime", "torch", name) for name in ("_modules.py", "_ops.py"))
+#: obs's frames that wrap a user's call (the module wrapper, the op dispatch mode); matched as path suffixes so
+#: that a bundle written on another machine is read the same way
+WRAPPER_FILES = tuple(os.sep + os.path.join("obs", "runtime", "torch", name) for name in ("_modules.py", "_ops.py"))
 _LIBRARY = tuple(sorted({p + os.sep for p in (sysconfig.get_paths().get(k) for k in
                                               ("stdlib", "platstdlib", "purelib", "platlib")) if p}))
 
@@ -54,9 +55,27 @@ def stacks_text(stacks: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _is_wrapper(filename: str) -> bool:
+#: torch's frames around a dispatch mode's ``__torch_dispatch__`` (its decorators, OpOverload.__call__): they
+#: exist only because a mode is active, so they go with obs's op wrapper frame
+_DISPATCH_PLUMBING = tuple(os.sep + os.path.join("torch", *name.split("/")) for name in
+                           ("_compile.py", "_dynamo/eval_frame.py", "utils/_python_dispatch.py", "_ops.py"))
+
+
+def _without_wrappers(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """``frames`` without obs's module wrapper, and cut where obs's op dispatch mode begins (with torch's plumbing
+    around it): what the traceback would be without obs."""
+    out = [f for f in frames if not f.filename.endswith(WRAPPER_FILES[0])]
+    cut = next((i for i, f in enumerate(out) if f.filename.endswith(WRAPPER_FILES[1])), None)
+    if cut is None:
+        return out
+    while cut > 0 and out[cut - 1].filename.endswith(_DISPATCH_PLUMBING):
+        cut -= 1
+    return out[:cut] if cut > 0 else out
+
+
+def is_wrapper(filename: str) -> bool:
     """A frame of obs's own machinery that a user's traceback passes through (module wrapper, dispatch mode)."""
-    return filename.startswith(_WRAPPERS)
+    return filename.endswith(WRAPPER_FILES)
 
 
 def _is_library(filename: str) -> bool:
@@ -74,7 +93,7 @@ def _drop_wrappers(te: traceback.TracebackException, seen: set[int]) -> None:
     if id(te) in seen:
         return
     seen.add(id(te))
-    te.stack = traceback.StackSummary.from_list([f for f in te.stack if not _is_wrapper(f.filename)])
+    te.stack = traceback.StackSummary.from_list(_without_wrappers(list(te.stack)))
     for other in (te.__cause__, te.__context__):
         if other is not None:
             _drop_wrappers(other, seen)

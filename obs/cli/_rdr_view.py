@@ -15,13 +15,12 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
-from rich.tree import Tree
 
 from obs.cli._render import clean, console, err_console, print_json, print_json_lines
 from recorder.bundle_reader import EVENT_KINDS, Bundle, list_bundles, load_bundle
+from recorder.stacks import is_wrapper
 
 __all__ = ["default_root", "run_events", "run_ls", "run_recover", "run_show"]
 
@@ -146,43 +145,42 @@ def _where(where: Any) -> str:
     return clean(f"{where.get('file')}:{where.get('line')} in {where.get('function')}")
 
 
-def _header(b: Bundle) -> Panel:
+def _header(b: Bundle) -> list[tuple[str, Text]]:
+    """The summary rows of ``show``: (label, value), printed as plain lines (never wrapped: they hold paths)."""
     m = b.manifest
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
+    rows: list[tuple[str, Text]] = []
     reason = _reason(b.info.reason, b.info.recovered)
-    grid.add_row("reason", _plain(reason, "bold red" if b.info.reason != "normal_end" else "green"))
-    grid.add_row("when", _when(b.info.created_ns))
-    grid.add_row("where", _plain(f"host {m.get('host')}  pid {m.get('pid')}  rank {m.get('rank')}/"
-                                 f"{m.get('world_size')}  run {m.get('run_id')}"))
-    grid.add_row("step reached", str(b.info.step))
+    rows.append(("reason", _plain(reason, "bold red" if b.info.reason != "normal_end" else "green")))
+    rows.append(("when", Text(_when(b.info.created_ns))))
+    rows.append(("where", _plain(f"host {m.get('host')}  pid {m.get('pid')}  rank {m.get('rank')}/"
+                                 f"{m.get('world_size')}  run {m.get('run_id')}")))
+    rows.append(("step reached", Text(str(b.info.step))))
     fault = m.get("fault")
     if fault:
-        grid.add_row("fault", _plain(f"{fault.get('kind')}: {fault.get('where')}"))
+        rows.append(("fault", _plain(f"{fault.get('kind')}: {fault.get('where')}")))
     exc = m.get("exception")
     if exc:
-        grid.add_row("exception", _plain(f"{exc.get('type')}: {exc.get('message')}", "bold red"))
+        rows.append(("exception", _plain(f"{exc.get('type')}: {exc.get('message')}", "bold red")))
         if exc.get("where"):
             raised = Text(_where(exc["where"]))
             if exc.get("raised_in"):
                 raised.append(f"  (in {_where(exc['raised_in'])})", style="dim")
-            grid.add_row("raised at", raised)
+            rows.append(("raised at", raised))
     if m.get("last_module"):
-        grid.add_row("last module", _plain(m["last_module"]))
+        rows.append(("last module", _plain(m["last_module"])))
     if m.get("open_modules"):
-        grid.add_row("inside modules", _plain(" > ".join(str(x) for x in m["open_modules"])))
+        rows.append(("inside modules", _plain(" > ".join(str(x) for x in m["open_modules"]))))
     op = m.get("last_op")
     if op:
-        grid.add_row("last op", _plain(f"{op.get('name')} {op.get('inputs', '')} @ {op.get('scope') or '-'}"
-                                       + (" (raised)" if op.get("error") else "")))
+        rows.append(("last op", _plain(f"{op.get('name')} {op.get('inputs', '')} @ {op.get('scope') or '-'}"
+                                       + (" (raised)" if op.get("error") else ""))))
     dropped = {k: v for k, v in (m.get("dropped") or {}).items() if v}
-    grid.add_row("recorded", _plain(f"{(m.get('recorded') or {}).get('events', 0)} events at "
+    rows.append(("recorded", _plain(f"{(m.get('recorded') or {}).get('events', 0)} events at "
                                     f"{m.get('granularity')} granularity"
-                                    + (f"; overwritten: {dropped}" if dropped else "")))
+                                    + (f"; overwritten: {dropped}" if dropped else ""))))
     versions = m.get("versions") or {}
-    grid.add_row("versions", _plain("  ".join(f"{k} {v}" for k, v in versions.items())))
-    return Panel(grid, title=clean(b.info.name), title_align="left", expand=False)
+    rows.append(("versions", _plain("  ".join(f"{k} {v}" for k, v in versions.items()))))
+    return rows
 
 
 _OUR_CODE = tuple(f"{os.sep}{pkg}{os.sep}" for pkg in ("obs", "recorder", "watchdog"))
@@ -200,22 +198,28 @@ def _ours(thread: dict[str, Any]) -> bool:
     return bool(targets) and any(part in targets[0] for part in _OUR_CODE)
 
 
-def _stacks(b: Bundle, frames: int, all_threads: bool) -> Tree:
-    tree = Tree("stacks of all threads at the dump")
+def _stacks(b: Bundle, frames: int, all_threads: bool) -> list[Text]:
+    """The innermost ``frames`` frames of each thread, one line each (obs's own threads collapsed)."""
+    lines = [Text("stacks of all threads at the dump (innermost last):", style="bold")]
     hidden = []
     for s in b.stacks:
         if _ours(s) and not all_threads:
             hidden.append(clean(s["thread"]))
             continue
-        node = tree.add(Text(clean(s["thread"]), style="bold").append(" (main)" if s.get("main") else ""))
-        for f in s["frames"][-frames:]:
-            node.add(Text(clean(f"{f['file']}:{f.get('line')} in {f['function']}"
-                                + (f"  — {f['code']}" if f.get("code") else "")),
-                          style="dim" if "/obs/" in f["file"] or "/recorder/" in f["file"] else ""))
+        lines.append(Text.assemble("  ", (clean(s["thread"]), "bold"), " (main)" if s.get("main") else ""))
+        for f in [f for f in s["frames"] if not is_wrapper(f["file"])][-frames:]:
+            lines.append(Text(clean(f"    {f['file']}:{f.get('line')} in {f['function']}"
+                                    + (f"  — {f['code']}" if f.get("code") else "")),
+                              style="dim" if "/obs/" in f["file"] or "/recorder/" in f["file"] else ""))
     if hidden:
-        tree.add(Text(f"{len(hidden)} thread(s) of obs itself hidden ({', '.join(hidden)}); --all-threads shows "
-                      "them", style="dim"))
-    return tree
+        lines.append(Text(f"  {len(hidden)} thread(s) of obs itself hidden ({', '.join(hidden)}); --all-threads "
+                          "shows them", style="dim"))
+    return lines
+
+
+def _section(out: Any, title: str, text: str, style: str = "bold red") -> None:
+    out.print(Text(f"── {title} ──", style=style), soft_wrap=True)
+    out.print(_plain(text.rstrip()), soft_wrap=True)
 
 
 def _positive(value: int | None, option: str) -> None:
@@ -234,20 +238,20 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
         return EXIT_OK
     out = console()
     out.print(Text.assemble(("bundle: ", "bold"), clean(b.info.path)), soft_wrap=True)
-    out.print(_header(b))
+    for label, value in _header(b):
+        out.print(Text.assemble((f"  {label:<15}", "bold"), value), soft_wrap=True)
     if b.exception:
-        out.print(Panel(_plain(b.exception.get("traceback", "").rstrip()), title="exception", title_align="left",
-                        border_style="red", expand=False))
+        _section(out, "exception", b.exception.get("traceback", ""))
     out.print(_timeline(events, f"last {len(events)} events (t relative to the last one)"))
     memory = b.events({"memory"}, last=3)
     if memory:
         out.print(_plain("memory: " + "  |  ".join(f"step {e.get('step')}: {_num(e.get('used_bytes'), 2**20)} MiB"
                                                     for e in memory)))
     if b.fatal_stacks:
-        out.print(Panel(_plain(b.fatal_stacks.rstrip()), title="fatal signal (faulthandler)", title_align="left",
-                        border_style="red", expand=False))
+        _section(out, "fatal signal (faulthandler)", b.fatal_stacks)
     if b.stacks:
-        out.print(_stacks(b, frames=8, all_threads=all_threads))
+        for line in _stacks(b, frames=8, all_threads=all_threads):
+            out.print(line, soft_wrap=True)
     for graph in b.graphs:
         out.print(Text(f"graph: {clean(graph)}"), soft_wrap=True)
     return EXIT_OK

@@ -92,3 +92,133 @@ def test_obs_run_hands_uncaught_exceptions_to_the_recorder(tmp_path):
     assert result.returncode == 1 and "KeyError: 'missing shard 7'" in result.stderr
     data = json.loads(obs_cli("rdr", "show", str(tmp_path / "rdr"), "--json").stdout)["manifest"]
     assert data["reason"] == "exception" and data["exception"]["type"] == "KeyError" and data["step"] == 1
+
+
+# -- issue 9 / 10: conventions of `obs rdr` ---------------------------------------------------------
+@pytest.fixture(scope="module", name="op_run")
+def _op_run(tmp_path_factory):
+    """A run at op granularity whose step 3 calls fc2 with the wrong width twice (torch's linear.py raises)."""
+    root = tmp_path_factory.mktemp("rdr-op")
+    assert run(root, "caught_twice", granularity="op").returncode == 0
+    return root
+
+
+def _lines(result):
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_events_json_is_json_lines_and_show_json_one_document(crashed):
+    bundle = str(crashed / "rdr")
+    result = obs_cli("rdr", "events", bundle, "--json")
+    events = _lines(result)
+    assert len(events) > 10 and all(isinstance(e, dict) for e in events)
+    assert isinstance(json.loads(obs_cli("rdr", "show", bundle, "--json").stdout), dict)
+    assert "JSON lines" in obs_cli("rdr", "events", "--help").stdout
+
+
+def test_every_event_has_a_step_and_step_filters_at_op_granularity(op_run):
+    bundle = str(op_run / "rdr")
+    events = _lines(obs_cli("rdr", "events", bundle, "--json"))
+    ops = [e for e in events if e["kind"] == "op"]
+    assert ops and all("step" in e for e in events)
+    assert {e["step"] for e in ops} >= {1, 2, 3}
+    step2 = _lines(obs_cli("rdr", "events", bundle, "--step", "2", "--kind", "op", "--json"))
+    assert step2 and {e["step"] for e in step2} == {2} and len(step2) == sum(e["step"] == 2 for e in ops)
+    begins = [e["seq"] for e in events if e["kind"] == "step_begin" and e["step"] == 2]
+    ends = [e["seq"] for e in events if e["kind"] == "step_end" and e["step"] == 2]
+    assert all(begins[0] < e["seq"] < ends[0] for e in step2)
+    pretty = obs_cli("rdr", "events", bundle, "--step", "3", "--kind", "op")
+    assert pretty.returncode == 0 and "in step 3" in pretty.stdout and "raised" in pretty.stdout
+
+
+def test_raised_at_names_the_users_frame_beside_the_library_frame(op_run):
+    data = json.loads(obs_cli("rdr", "show", str(op_run / "rdr"), "--json").stdout)
+    exc = data["manifest"]["exception"]
+    assert exc["where"]["file"].endswith("train_script.py") and exc["where"]["function"] == "fault"
+    assert exc["raised_in"]["file"].endswith("linear.py")
+    shown = obs_cli("rdr", "show", str(op_run / "rdr"))
+    line = next(li for li in shown.stdout.splitlines() if "raised at" in li)
+    assert "train_script.py" in line and "in fault" in line and "linear.py" in line
+
+
+def test_the_exception_runs_from_the_users_outermost_frame(crashed):
+    data = json.loads(obs_cli("rdr", "show", str(crashed / "rdr"), "--json").stdout)
+    text = data["exception"]["traceback"]
+    assert "in <module>" in text and "out = net(x, step)" in text  # the frames outside the module wrapper
+    assert "fault(self, h)" in text and 'raise ValueError("boom in forward at step 3")' in text
+    assert "_modules.py" not in text and "obs_module_call" not in text
+    frames = [f["function"] for f in data["exception"]["frames"]]
+    assert frames[0] == "<module>" and frames[-1] == "fault"
+    assert data["manifest"]["exception"]["where"]["function"] == "fault"
+    assert data["manifest"]["exception"]["raised_in"] is None  # the user's own frame raised
+
+
+def test_show_names_the_bundle_and_marks_the_module_that_raised(crashed):
+    result = obs_cli("rdr", "show", str(crashed / "rdr"), "--last", "40")
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("bundle: ") and first.endswith("_module_error") and str(crashed) in first
+    assert "module_exit (raised)" in result.stdout and "Default/net-Net/act-ReLU raised" not in result.stdout
+    assert "Default/net-Net raised" in result.stdout
+
+
+def test_show_collapses_obs_threads(crashed):
+    default = obs_cli("rdr", "show", str(crashed / "rdr"))
+    data = json.loads(obs_cli("rdr", "show", str(crashed / "rdr"), "--json").stdout)
+    ours = [s["thread"] for s in data["stacks"] if s["thread"].startswith("obs-")]
+    assert ours, [s["thread"] for s in data["stacks"]]
+    assert "--all-threads shows them" in default.stdout
+    assert not any(line.strip() in ours for line in default.stdout.splitlines())
+    everything = obs_cli("rdr", "show", str(crashed / "rdr"), "--all-threads")
+    assert all(name in everything.stdout for name in ours) and "hidden" not in everything.stdout
+
+
+def test_unknown_kind_is_bad_input(crashed):
+    result = obs_cli("rdr", "events", str(crashed / "rdr"), "--kind", "op,bogus")
+    assert result.returncode == 2 and "unknown event kind 'bogus'" in result.stderr
+    assert "step_begin" in result.stderr and "marker" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_no_op_events_says_why(crashed):
+    result = obs_cli("rdr", "events", str(crashed / "rdr"), "--kind", "op")
+    assert result.returncode == 0 and "0 events of kind op" in result.stdout
+    assert "module granularity" in result.stdout and '"granularity": "op"' in result.stdout
+
+
+def _dead_ring(folder, pid):
+    from recorder.layout import DEFAULT_CAPACITY, Kind
+    from recorder.ring import RingWriter
+
+    writer = RingWriter(str(folder / f"ring_{pid}.obsring"), {**DEFAULT_CAPACITY, "op": 8, "module": 8}, pid=pid,
+                        rank=0, world_size=1, meta={"run_id": "r", "granularity": "module"})
+    writer.appender("step")(Kind.STEP_BEGIN, 0, 0, 2, 0, 0)
+    writer.close(remove=False)
+
+
+def test_recover_defaults_like_ls_and_never_wraps_paths(tmp_path):
+    deep = tmp_path / ("a-long-folder-name-" * 8) / "rank_0" / "rdr"
+    deep.mkdir(parents=True)
+    _dead_ring(deep, 4321)
+    listed = obs_cli("rdr", "ls", env={"MS_RDR_PATH": str(tmp_path)})
+    assert f"obs rdr recover {deep}" in listed.stdout.splitlines()[-1]
+    result = obs_cli("rdr", "recover", env={"MS_RDR_PATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    (see,) = [line for line in result.stdout.splitlines() if "see it with" in line]
+    assert see.strip().startswith(f"see it with: obs rdr show {deep}/") and see.endswith("_recovered")
+    listed = obs_cli("rdr", "ls", cwd=str(tmp_path))  # no path, no MS_RDR_PATH: the current folder
+    rows = [line for line in listed.stdout.splitlines() if "_4321_" in line]
+    assert len(rows) == 1 and rows[0].split()[2] == "recovered" and "recovered (recovered)" not in listed.stdout
+
+
+def test_text_from_a_bundle_cannot_drive_the_terminal(tmp_path):
+    from recorder.bundle import write_bundle
+
+    bundle = write_bundle(str(tmp_path), "b", {"schema_version": 1, "reason": "x\x1b[2Jy", "created_ns": 1,
+                                               "last_module": "m\x1b]0;pwned\x07"},
+                          {"events.jsonl": ['{"seq":1,"t":1,"kind":"print","values":["\\u001b[31mred"]}']},
+                          fsync=False)
+    for argv in (("show", bundle), ("events", bundle), ("ls", str(tmp_path))):
+        result = obs_cli("rdr", *argv)
+        assert result.returncode == 0, result.stderr
+        assert "\x1b" not in result.stdout and "\\x1b" in result.stdout, argv
