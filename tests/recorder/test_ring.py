@@ -143,3 +143,37 @@ def test_header_round_trip():
     with pytest.raises(ValueError, match="too large"):
         Header(1, 2, 3, 4, 5, strings, 6, blobs, rings, {"k": "v" * 5000}).encode()
     assert json.loads(json.dumps(header.meta)) == {"k": "v"}
+
+
+def test_every_event_gets_its_step(ring):
+    """Op and collective slots store no step: the reader gives them the step of the latest step event before them."""
+    step, op, coll = ring.appender("step"), ring.appender("op"), ring.appender("collective")
+    name, desc = ring.intern("addmm"), ring.intern("all_reduce")
+    op(Kind.OP, 0, name, 0, 1, 0)  # before any step event: one less than the first STEP_BEGIN
+    for n in (4, 5):
+        step(Kind.STEP_BEGIN, 0, 0, n, 0, 0)
+        op(Kind.OP, 0, name, 0, 1, 0)
+        coll(Kind.COLLECTIVE, 0, desc, 9, 1, 2)
+        ring.blob(Kind.PRINT, {"values": ["x"]})
+        step(Kind.STEP_END, 0, 0, n, 1, 0)
+    op(Kind.OP, 0, name, 0, 1, 0)  # between steps: the step that just ended
+    ring.blob(Kind.MARKER, {"marker": "m", "step": 99})  # a payload's own step wins
+    events = read_ring(ring.buffer()).events()
+    assert all("step" in e for e in events)
+    assert [(e["kind"], e["step"]) for e in events] == [
+        ("op", 3), ("step_begin", 4), ("op", 4), ("collective", 4), ("print", 4), ("step_end", 4),
+        ("step_begin", 5), ("op", 5), ("collective", 5), ("print", 5), ("step_end", 5), ("op", 5), ("marker", 99)]
+
+
+def test_old_bundles_get_op_steps_from_the_reader(tmp_path):
+    """A bundle written before op events carried a step: the reader derives it while streaming."""
+    from recorder.bundle import write_bundle
+    from recorder.bundle_reader import load_bundle
+
+    lines = ['{"seq":1,"t":1,"kind":"step_begin","step":7}', '{"seq":2,"t":2,"kind":"op","name":"mm"}',
+             '{"seq":3,"t":3,"kind":"step_end","step":7}', '{"seq":4,"t":4,"kind":"step_begin","step":8}',
+             '{"seq":5,"t":5,"kind":"op","name":"add"}']
+    path = write_bundle(str(tmp_path), "old", {"schema_version": 1}, {"events.jsonl": lines}, fsync=False)
+    b = load_bundle(path)
+    assert [(e["kind"], e["step"]) for e in b.events({"op"})] == [("op", 7), ("op", 8)]
+    assert [e["name"] for e in b.events({"op"}, step=8)] == ["add"]
