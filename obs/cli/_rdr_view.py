@@ -126,7 +126,7 @@ def _kind(event: dict[str, Any]) -> str:
 
 
 def _timeline(events: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=clean(title), title_justify="left")
+    table = Table(title=Text(clean(title)), title_justify="left")  # a bundle name is never read as markup
     for column in ("seq", "t (ms)", "step", "kind", "what", "duration"):
         table.add_column(column, justify="right" if column in ("seq", "t (ms)", "step", "duration") else "left")
     end = events[-1]["t"] if events else 0

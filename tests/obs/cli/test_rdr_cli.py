@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -218,7 +219,10 @@ def test_text_from_a_bundle_cannot_drive_the_terminal(tmp_path):
                                                "last_module": "m\x1b]0;pwned\x07"},
                           {"events.jsonl": ['{"seq":1,"t":1,"kind":"print","values":["\\u001b[31mred"]}']},
                           fsync=False)
+    os.rename(bundle, bundle + "[bold]x")  # rich markup in a folder name is text, never markup
+    bundle += "[bold]x"
     for argv in (("show", bundle), ("events", bundle), ("ls", str(tmp_path))):
         result = obs_cli("rdr", *argv)
         assert result.returncode == 0, result.stderr
         assert "\x1b" not in result.stdout and "\\x1b" in result.stdout, argv
+        assert "b[bold]x" in result.stdout, argv
