@@ -132,7 +132,7 @@ def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[
     if print_file:
         from obs.printing import feature
 
-        written = feature.writer.path if feature.writer is not None else print_file
+        written = feature.path or print_file
         produced.append(f"{written} (Print records)")
         next_commands.insert(0, f"obs print {written}")
     else:
@@ -175,22 +175,14 @@ def _say_written_once() -> None:
             say_written(kind, path)
 
 
-def _note_outputs(result_print_file: str | None) -> None:
-    """What the demo knows it wrote; writers note their own files too (the first note of a path wins)."""
+def _note_bundles() -> None:
+    """The demo's bundles among what obs wrote (the print file notes itself when it is made)."""
     import obs
     from obs._core.outputs import wrote
 
-    if result_print_file:
-        wrote("Print records", result_print_file)
     live = obs.rdr.recorder()
     for bundle in live.dumps if live is not None else ():
         wrote("RDR bundle", bundle)
-
-
-def _print_file() -> str | None:
-    from obs.printing import feature
-
-    return feature.writer.path if feature.writer is not None else None
 
 
 def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, Any]], as_json: bool,
@@ -205,11 +197,11 @@ def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, An
         with _progress_bar(steps) as progress:
             result = run_demo(steps, fail_at, progress)
     except DemoFailure as exc:
-        _note_outputs(_print_file())
+        _note_bundles()
         return _report_failure(exc, as_json=as_json)
     finally:
         elapsed = time.perf_counter() - start
-    _note_outputs(_print_file())
+    _note_bundles()
     if as_json:
         from obs.cli._render import print_json
 
