@@ -8,6 +8,8 @@ step; Print to file alone is enough for steps to be counted.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -194,3 +196,21 @@ def test_recorder_puts_eval_module_events_in_the_current_step(tmp_path):
     assert [e["step"] for e in events if e["kind"] == "step_begin"] == [1, 2]
     roots = [e["step"] for e in events if e["kind"] == "module_enter" and e["scope"] == "Default/net-MnistNet"]
     assert roots == [0, 1, 2, 2]
+
+
+def test_a_demand_loads_the_adapter_and_only_then_imports_torch():
+    """``import obs`` imports no torch; the first demand loads the adapter, which installs only step hooks."""
+    code = (
+        "import sys, obs\n"
+        "from obs.runtime.steps import tracker\n"
+        "assert 'torch' not in sys.modules and 'obs.runtime.torch' not in sys.modules\n"
+        "demand = tracker.require('Print to file')\n"
+        "from obs.runtime.torch import adapter\n"
+        "from torch.optim import optimizer as o\n"
+        "print(adapter.installed, len(o._global_optimizer_pre_hooks), len(o._global_optimizer_post_hooks))\n"
+        "demand.remove()\n"
+        "print(adapter.installed['steps'], len(o._global_optimizer_pre_hooks))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "{'steps': True, 'modules': False, 'ops': False, 'collectives': False} 1 1", "False 0"]
