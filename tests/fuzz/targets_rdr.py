@@ -205,6 +205,16 @@ def _both(api: Any, cli: Any):  # noqa: ANN202 - the reader API, then the CLI on
     return read
 
 
+def _either(api: Any, cli: Any, mutated: str):  # noqa: ANN202 - the API or the CLI, chosen by the input
+    """Recovering writes a bundle (fsynced): one of the two per case keeps the CI run to seconds."""
+    def read(path: str) -> None:
+        with open(os.path.join(path, mutated), "rb") as fh:
+            data = fh.read()
+        (api if zlib.adler32(data) & 1 else cli)(path)
+
+    return read
+
+
 _DEEP = b"[" * 3000 + b"]" * 3000
 _EVENT_EXTRA = (b'{"seq":1,"t":2,"kind":"op"}\n{"seq":2}\n', b'{"seq":1,"t":2,"kind":"print","values":7}\n',
                 b'{"seq":1,"t":99999999999999999999999,"kind":"module_exit","error":true,"scope":"\\u001b[2J"}\n',
@@ -214,7 +224,9 @@ _MANIFEST_EXTRA = (b'{"schema_version": 1, "reason": 3}', b'{"schema_version": 1
 
 TARGETS = [
     Target("rdr_ring_read", _ring_seeds, _read_ring),
-    Target("rdr_ring_recover", _ring_seeds, _both(_recover, _recover_cli), place=_place_ring),
+    Target("rdr_ring_recover", _ring_seeds,
+           _either(_recover, _recover_cli, os.path.join("api", "rank_1", "rdr", f"ring_{_PID}.obsring")),
+           place=_place_ring),
     Target("rdr_manifest", _seeds_of("manifest.json", _MANIFEST_EXTRA), _both(_read_bundle, _bundle_cli("manifest.json")),
            place=_place_bundle("manifest.json")),
     Target("rdr_events", _seeds_of("events.jsonl", _EVENT_EXTRA), _both(_read_bundle, _bundle_cli("events.jsonl")),
