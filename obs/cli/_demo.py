@@ -139,9 +139,10 @@ def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[
         next_commands.insert(0, "obs demo --set print_file_path=demo_print.pb")
     live = obs.rdr.recorder()
     if live is not None:
-        produced.append(f"{live.dir} (RDR ring; bundles on faults"
-                        f"{' and at exit' if live.config.mode == 2 else ''})")
-        next_commands.insert(0, f"obs rdr ls {live.config.path or '.'}")
+        when = "on faults and at exit" if live.config.mode == 2 else "on faults (try --fail-at 20)"
+        produced.append(f"{live.dir} (RDR ring while it runs, gone after a clean exit with nothing to report; "
+                        f"bundles {when})")
+        next_commands.insert(0, f"obs rdr ls {live.config.path or '.'}   # bundles, written {when}")
     else:
         next_commands.insert(1, "obs demo --config obs_config.json --fail-at 20   # with rdr.enable true in the file")
 
