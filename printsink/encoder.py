@@ -17,6 +17,7 @@ in which case they are folded into the preceding header so a record costs few io
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import NamedTuple, Union
 
@@ -72,13 +73,23 @@ def _len_field(tag: bytes, payload: bytes) -> bytes:
     return tag + varint(len(payload)) + payload
 
 
+@functools.lru_cache(maxsize=256)
+def _who(rank: int, pid: int, parent_pid: int) -> tuple[bytes, bytes]:
+    """The fields that stay the same in a process: (rank and pid, parent pid)."""
+    return b"\x20" + varint(rank) + b"\x28" + varint(pid), b"\x40" + varint(parent_pid)
+
+
+@functools.lru_cache(maxsize=4096)
+def _source(source: str) -> bytes:
+    return _len_field(b"\x32", source.encode("utf-8", "surrogatepass"))
+
+
 def encode_meta(meta: CallMeta) -> bytes:
     """The whole field-15 entry (tag, length, CallMeta message)."""
+    who, parent = _who(meta.rank, meta.pid, meta.parent_pid)
     body = b"".join((
-        b"\x08", varint(meta.seq), b"\x11", _FIXED64(meta.time_ns), b"\x18", varint(meta.step),
-        b"\x20", varint(meta.rank), b"\x28", varint(meta.pid),
-        _len_field(b"\x32", meta.source.encode("utf-8", "surrogatepass")), b"\x38", varint(meta.n_values),
-        b"\x40", varint(meta.parent_pid)))
+        b"\x08", varint(meta.seq), b"\x11", _FIXED64(meta.time_ns), b"\x18", varint(meta.step), who,
+        _source(meta.source), b"\x38", varint(meta.n_values), parent))
     return _len_field(_META_TAG, body)
 
 
