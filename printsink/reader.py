@@ -444,12 +444,20 @@ def parse_print(path: str | os.PathLike[str], *, strict: bool = True, as_torch: 
 
 
 def follow_print(path: str | os.PathLike[str], *, poll_s: float = 0.25, stop: Callable[[], bool] = lambda: False,
-                 as_torch: bool = False) -> Iterator[PrintCall]:
+                 as_torch: bool = False, wait: bool = False) -> Iterator[PrintCall]:
     """Yield calls as a running job appends them; a record is yielded once complete.  Ends when ``stop()``.
 
-    A damaged record raises :class:`PrintFileError` (a live file is never skipped over).
+    ``wait``: a file that does not exist yet is waited for (a job creates its print file on its first
+    Print).  A damaged record raises :class:`PrintFileError` (a live file is never skipped over).
     """
-    name, f, _ = _open(path)
+    while True:
+        try:
+            name, f, _ = _open(path)
+            break
+        except FileNotFoundError:
+            if not wait or stop():
+                raise
+            time.sleep(poll_s)
     with f:
         parser = _Parser(name, Source(f), as_torch)
         while not stop():

@@ -151,7 +151,9 @@ def run_print(path: str, *, follow: bool, as_json: bool, partial: bool, poll_s: 
     """Exit 0 when every record read; 1 for a damaged print file (``--partial``: 0, with a warning saying
     what was skipped); a file that is not a print file, or is missing, raises (the CLI exits 2)."""
     if follow:
-        calls: Iterator[PrintCall] = follow_print(path, poll_s=poll_s)
+        if not os.path.lexists(path):
+            warning(f"{path} does not exist yet: waiting for it (a job creates its print file on its first Print)")
+        calls: Iterator[PrintCall] = follow_print(path, poll_s=poll_s, wait=True)
     else:
         calls = iter_print(path, strict=not partial)
         size = os.path.getsize(path)

@@ -69,11 +69,12 @@ def test_corrupt_and_missing_files(tmp_path):
 
 
 def test_follow_shows_calls_while_a_job_writes(tmp_path):
+    """Started before the job's first Print: waits for the file, then shows each call as it lands."""
     path = tmp_path / "live.pb"
-    path.write_bytes(b"")
     proc = subprocess.Popen([sys.executable, "-m", "obs", "print", str(path), "--follow", "--json"],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        time.sleep(1.0)
         with open(path, "ab") as f:
             for i in range(3):
                 f.write(encode_bytes(normalize((f"call {i}",)), CallMeta(i, 0, i, 0, 1, "", 1)))
@@ -84,7 +85,10 @@ def test_follow_shows_calls_while_a_job_writes(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
         proc.stdout.close()
+        err = proc.stderr.read()
+        proc.stderr.close()
     assert [line["values"][0]["value"] for line in lines] == ["call 0", "call 1", "call 2"]
+    assert "does not exist yet: waiting for it" in err
 
 
 def test_demo_writes_print_records_and_points_to_obs_print(tmp_path):
