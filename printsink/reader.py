@@ -467,6 +467,8 @@ def follow_print(path: str | os.PathLike[str], *, poll_s: float = 0.25, stop: Ca
             except Truncated:
                 call = None
             except (Corrupt, _BadRecord) as exc:
+                if start == 0 and not parser.ours:
+                    raise NotAPrintFile(name, f"no Print record at byte offset {exc.offset} ({exc})") from None
                 raise PrintFileError(name, exc.offset, str(exc)) from None
             if call is None:
                 parser.src.rewind(start)

@@ -177,6 +177,21 @@ def test_files_that_are_not_print_files(tmp_path, content):
     assert isinstance(info.value, NotOurFileError) and isinstance(info.value, ValueError)
 
 
+def test_follow_tells_a_text_file_from_a_damaged_print_file(tmp_path):
+    from printsink.reader import follow_print
+
+    text = tmp_path / "notes.txt"
+    text.write_text("# notes\n")
+    with pytest.raises(NotAPrintFile):
+        next(follow_print(text, poll_s=0.01))
+    path, records = _three(tmp_path)
+    path.write_bytes(records[0] + b"\x00\x00")
+    follower = follow_print(path, poll_s=0.01)
+    assert next(follower).values[0] == "one"
+    with pytest.raises(PrintFileError, match=f"offset {len(records[0])}"):
+        next(follower)
+
+
 def test_a_fifo_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "pipe.pb"
     os.mkfifo(fifo)
