@@ -38,11 +38,18 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
     for i, (name, text) in enumerate(graphs or ()):
         files[f"graphs/{i:02d}_{safe_name(name)}.ir"] = text
     meta = contents.header.meta
+
+    def text(key: str) -> str | None:  # a recovered ring's header may be damaged: keep the manifest readable
+        value = meta.get(key)
+        return value if isinstance(value, str) else None
+
+    versions = meta.get("versions")
     manifest = {
         "schema_version": SCHEMA_VERSION, "reason": reason, "created_ns": time.time_ns(),
-        "host": meta.get("host", socket.gethostname()), "pid": contents.header.pid, "rank": contents.header.rank,
-        "world_size": contents.header.world_size, "run_id": meta.get("run_id"), "step": summary["step"],
-        "granularity": meta.get("granularity"), "versions": meta.get("versions", {}), "settings": settings or {},
+        "host": text("host") or socket.gethostname(), "pid": contents.header.pid, "rank": contents.header.rank,
+        "world_size": contents.header.world_size, "run_id": text("run_id"), "step": summary["step"],
+        "granularity": text("granularity"), "versions": versions if isinstance(versions, dict) else {},
+        "settings": settings or {},
         "dropped": contents.dropped, "recorded": {"events": int(len(contents.slots)) + len(contents.blobs)},
         "last_module": summary["last_module"], "open_modules": summary["open_modules"],
         "last_op": summary["last_op"], "fault": fault, "recovered": recovered,

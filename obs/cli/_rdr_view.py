@@ -278,7 +278,7 @@ def run_events(path: str, *, kinds: list[str], last: int | None, as_json: bool, 
         + (f" in step {step}" if step is not None else "")
     out = console()
     out.print(Text.assemble(("bundle: ", "bold"), clean(b.info.path)), soft_wrap=True)
-    out.print(_timeline(events, title))
+    out.print(_timeline(events, title) if events else Text(clean(title)), soft_wrap=True)
     granularity = b.manifest.get("granularity")
     if not events and wanted and "op" in wanted and granularity != "op":
         out.print(Text(f"no op events: this run recorded at {clean(granularity)} granularity; op events need "

@@ -106,8 +106,10 @@ def _recover(folder: str) -> None:
     _raise_first(list_bundles(folder).damaged)
     result = recover(folder)
     for bundle in result.made:
-        b = load_bundle(bundle)
-        b.events()
+        try:
+            load_bundle(bundle).events()
+        except (DamagedFileError, NotOurFileError) as exc:  # recover must never write a bundle it cannot read
+            raise AssertionError(f"recover made an unreadable bundle: {exc}") from exc
     _raise_first(result.problems)
 
 
