@@ -205,7 +205,9 @@ def dump(reason: str = "manual") -> str:
                        '{"rdr": {"enable": true, "path": "/abs/dir"}} (set_context(env_config_path=...)) '
                        "or MS_RDR_ENABLE=1")
     path = live.dump(reason)
-    assert path is not None
+    if path is None:  # called from a handler that interrupted a dump on this thread: never re-entered
+        raise ObsError("a dump is already under way on this thread (obs.rdr.dump was called from a signal "
+                       "handler during a dump); that dump goes on")
     return path
 
 

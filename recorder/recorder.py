@@ -102,10 +102,14 @@ class Recorder:
         self.dir = rdr_dir(config.path, rank, pending_pid=None if self.rank_known else self.pid)
         self._created = _missing_folders(self.dir)  # removed again on a clean exit with nothing to report
         safe_files.ensure_dir(self.dir)
-        self.ring = RingWriter(os.path.join(self.dir, f"ring_{self.pid}.obsring"), dict(config.capacity),
-                               pid=self.pid, rank=rank, world_size=world_size,
-                               meta={"run_id": run_id, "host": socket.gethostname(), "granularity":
-                                     config.granularity, "argv": sys.argv[:8], "versions": versions})
+        try:
+            self.ring = RingWriter(os.path.join(self.dir, f"ring_{self.pid}.obsring"), dict(config.capacity),
+                                   pid=self.pid, rank=rank, world_size=world_size,
+                                   meta={"run_id": run_id, "host": socket.gethostname(), "granularity":
+                                         config.granularity, "argv": sys.argv[:8], "versions": versions})
+        except BaseException:
+            _remove_empty(self._created)  # a recorder that could not start leaves no folder behind
+            raise
         self.fatal_path = os.path.join(self.dir, f"fatal_{self.pid}.txt")
         self.step = 0
         self.dumps: list[str] = []

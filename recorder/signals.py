@@ -67,7 +67,8 @@ def _native() -> Any:
         from recorder import _hotpath
     except ImportError:
         return None
-    return _hotpath
+    # An extension built before the signal functions existed (a stale build) counts as missing.
+    return _hotpath if hasattr(_hotpath, "hook_signal") and hasattr(_hotpath, "die") else None
 
 
 class SignalRelay:
@@ -84,10 +85,6 @@ class SignalRelay:
         self._python_took_over = threading.Event()  #: the main thread called the previous handler
         self._deferred = False  #: the main thread was dumping when its Python handler ran
         self._complete = False
-
-    @property
-    def installed(self) -> bool:
-        return self._thread is not None
 
     # -- install / uninstall (main thread only) -----------------------------------------------
     def install(self) -> None:
@@ -119,6 +116,7 @@ class SignalRelay:
             os.write(self._write_fd, b"\0")  # wakes the watcher, which stops
             self._thread.join()
             self._thread = None
+        self._prev = {}  # only now: a signal being handled still reads what was there before obs
         self._close_pipe()
 
     def detach(self) -> None:
@@ -127,6 +125,7 @@ class SignalRelay:
             self.native.set_signal_pipe(-1)
         self._restore()
         self._thread = None
+        self._prev = {}
         self._close_pipe()
 
     def _restore(self) -> None:
@@ -135,7 +134,6 @@ class SignalRelay:
                 self.native.unhook_signal(int(sig))
             if signal.getsignal(sig) == self._python_handler:
                 signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
-        self._prev = {}
 
     def _close_pipe(self) -> None:
         for fd in (self._read_fd, self._write_fd):
