@@ -197,6 +197,8 @@ def test_spawned_dataloader_workers_append_to_the_same_file(tmp_path):
     calls = list(iter_print(path))
     assert sorted(int(c.values[1]) for c in calls) == list(range(8))
     assert len({c.meta.pid for c in calls}) == 2 and os.getpid() not in {c.meta.pid for c in calls}
+    assert {c.meta.parent_pid for c in calls} == {os.getpid()}  # obs print calls them workers
+    assert sorted((c.meta.pid, c.meta.seq) for c in calls) == sorted({(c.meta.pid, c.meta.seq) for c in calls})
 
 
 def test_compiled_function_prints_without_graph_break(tmp_path):
