@@ -114,10 +114,10 @@ def resolve_print_path(path: str) -> str:
     full = os.path.abspath(path)
     folder, base = os.path.split(full)
     _check_folders(folder, path)
-    if len(os.fsencode(base)) + 11 > _name_max(_existing_ancestor(folder)):
-        raise ObsConfigError(f"print_file_path's file name is {len(os.fsencode(base))} bytes; it must leave room "
-                             f"for a '.<timestamp>' suffix within this file system's {_name_max(folder)}-byte limit "
-                             f"(got {shorten(base)})", option="print_file_path", value=path)
+    limit = _name_max(_existing_ancestor(folder))
+    if len(os.fsencode(base)) > limit:
+        raise ObsConfigError(f"print_file_path's file name is {len(os.fsencode(base))} bytes, longer than this file "
+                             f"system allows ({limit}): {shorten(base)}", option="print_file_path", value=path)
     try:
         info = os.lstat(full)
     except FileNotFoundError:
@@ -131,6 +131,10 @@ def resolve_print_path(path: str) -> str:
                              "to regular files (unset print_file_path to print to the screen)",
                              option="print_file_path", value=path)
     renamed = f"{full}.{int(time.time())}"
+    if len(os.fsencode(os.path.basename(renamed))) > limit:
+        raise ObsConfigError(f"print_file_path {shorten(path)} exists, and the name output would go to instead "
+                             f"({shorten(os.path.basename(renamed))}) is longer than this file system allows "
+                             f"({limit} bytes); choose another path", option="print_file_path", value=path)
     if os.path.lexists(renamed):
         raise ValueError(f"print_file_path {path!r} exists, and so does {renamed!r} that output would go to "
                          "instead; choose another path")

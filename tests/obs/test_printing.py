@@ -370,6 +370,17 @@ def test_an_over_long_path_leaves_no_folders_behind(tmp_path):
         assert os.listdir(tmp_path) == [] and obs.get_context("print_file_path") == ""
 
 
+def test_a_name_at_the_limit_is_fine_until_its_timestamped_twin_would_be_too_long(tmp_path):
+    path = tmp_path / ("n" * 255)
+    obs.set_context(print_file_path=str(path))
+    obs.Print("fits")
+    obs.reset_context()
+    assert obs.parse_print(path) == ["fits"]
+    with pytest.raises(ValueError, match="exists, and the name output would go to instead .* is longer"):
+        obs.set_context(print_file_path=str(path))
+    assert obs.get_context("print_file_path") == "" and os.listdir(tmp_path) == [path.name]
+
+
 def test_a_failed_first_create_removes_the_folders_it_made(tmp_path, monkeypatch):
     from obs._core import safe_files
 
