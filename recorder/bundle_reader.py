@@ -100,10 +100,14 @@ class Bundle:
         """Events in order, optionally only ``kinds`` and ``step``, optionally only the ``last`` N (memory
         bounded by N)."""
         keep: deque[dict[str, Any]] | list[dict[str, Any]] = deque(maxlen=last) if last else []
+        keep.extend(self.select(kinds, step))
+        return list(keep)
+
+    def select(self, kinds: set[str] | None = None, step: int | None = None) -> Iterator[dict[str, Any]]:
+        """The events of ``kinds`` and ``step`` (None: any), streamed: memory stays bounded by one event."""
         for event in self.iter_events():
             if (kinds is None or event["kind"] in kinds) and (step is None or event.get("step") == step):
-                keep.append(event)
-        return list(keep)
+                yield event
 
     def iter_events(self) -> Iterator[dict[str, Any]]:
         """Each event of ``events.jsonl``: a dict with an int ``seq`` and ``t`` and a str ``kind``.

@@ -270,10 +270,10 @@ def run_events(path: str, *, kinds: list[str], last: int | None, as_json: bool, 
     wanted = _kinds(kinds)
     _positive(last, "--last")
     b = load_bundle(path)
-    events = b.events(wanted, last=last, step=step)
-    if as_json:
-        print_json_lines(events)
+    if as_json:  # streamed: a bundle of any size is printed in constant memory (unless --last keeps N)
+        print_json_lines(b.select(wanted, step) if last is None else b.events(wanted, last=last, step=step))
         return EXIT_OK
+    events = b.events(wanted, last=last, step=step)
     title = f"{b.info.name}: {len(events)} events" + (f" of kind {', '.join(sorted(wanted))}" if wanted else "") \
         + (f" in step {step}" if step is not None else "")
     out = console()
