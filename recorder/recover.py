@@ -8,7 +8,8 @@ Liveness: the writer holds an exclusive ``flock`` on its ring for as long as it 
 releases it when the process dies, however it dies.  A ring whose lock can be taken has no writer;
 recover keeps holding the lock while it converts the ring, so two recovers never make two bundles
 of one ring.  No pid is ever signalled: a pid read from a file (or its name) may by now belong to
-an unrelated process, or be a value planted to make us signal one.
+an unrelated process, or be a value planted to make us signal one.  (Where the file system has no
+``flock``, the header's pid is looked up in ``/proc``: see :func:`writer_alive`.)
 
 Every file is opened with :func:`obs._core.safe_files.open_private` (no symlink, a regular file of
 this user).  A bad ring is reported and the others are still recovered.
@@ -67,15 +68,19 @@ def near(path: str, pattern: str) -> list[str]:
     return sorted({f for level in _LEVELS for f in glob.glob(os.path.join(base, level, pattern))})
 
 
-def writer_alive(fd: int, *, keep: bool = False) -> bool:
+def writer_alive(fd: int, pid: int, *, keep: bool = False) -> bool:
     """Whether the process that wrote the ring open as ``fd`` still holds it (its ``flock``).
 
     When it does not, the lock is now ours: ``keep`` holds it (until ``fd`` is closed), else it is
-    released at once."""
+    released at once.  On a file system without ``flock`` the writer could not lock either: then a
+    ring counts as alive while a process ``pid`` (the header's) exists, checked in ``/proc``, without
+    signalling it (a reused pid only keeps a dead ring waiting, never the reverse)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
+    except OSError:  # no flock here (some network and FUSE file systems)
+        return pid > 0 and os.path.exists(f"/proc/{pid}")
     if not keep:
         fcntl.flock(fd, fcntl.LOCK_UN)
     return False
@@ -95,7 +100,7 @@ def find_rings(path: str) -> list[RingFile]:
             fd = safe_files.open_private(ring)
             try:
                 header = read_header_file(ring, fd=fd)
-                out.append(RingFile(ring, header.pid, writer_alive(fd)))
+                out.append(RingFile(ring, header.pid, writer_alive(fd, header.pid)))
             finally:
                 os.close(fd)
         except RING_ERRORS as exc:
@@ -137,7 +142,7 @@ def _recover_one(ring: str) -> tuple[str, Exception | None] | None:
     """The bundle made of ``ring`` and a problem with its fatal-signal file (None: the writer is alive)."""
     fd = safe_files.open_private(ring)
     try:
-        if writer_alive(fd, keep=True):
+        if writer_alive(fd, read_header_file(ring, fd=fd).pid, keep=True):
             return None
         contents = read_ring_file(ring, fd=fd)
         pid = contents.header.pid

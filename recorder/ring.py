@@ -73,7 +73,12 @@ class RingWriter:
         strings, blobs, rings, size = plan(capacity)
         fd = safe_files.create_file(path, read=True)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if isinstance(exc, BlockingIOError):
+                    raise
+                # No flock on this file system: readers fall back to the header's pid (see writer_alive).
             _check_free_space(fd, path, size)
             # Blocks reserved and pages mapped up front: the first write to a page of a sparse file
             # otherwise faults (block allocation) on the training thread.
