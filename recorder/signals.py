@@ -85,6 +85,7 @@ class SignalRelay:
         self._python_took_over = threading.Event()  #: the main thread called the previous handler
         self._deferred = False  #: the main thread was dumping when its Python handler ran
         self._complete = False
+        self._never = threading.Event()  # waited on, never set
 
     # -- install / uninstall (main thread only) -----------------------------------------------
     def install(self) -> None:
@@ -160,6 +161,9 @@ class SignalRelay:
             prev(signum, frame)  # Python's default SIGINT handler raises KeyboardInterrupt here
         elif self.native is None:
             self._die(signum)  # no C handler: the main thread re-raises the default action itself
+        else:
+            # The watcher ends the process now; the training must not run on (or exit cleanly) meanwhile.
+            self._never.wait(GRACE_S + DUMP_BUDGET_S)
 
     # -- the watcher thread -------------------------------------------------------------------
     def _watch(self) -> None:

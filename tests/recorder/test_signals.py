@@ -129,14 +129,15 @@ def test_sigterm_to_a_main_thread_blocked_in_another_c_call(tmp_path):
     assert marker(rdr)["state"] == "killed by SIGTERM" and marker(rdr)["dumped"] is True
 
 
-def test_sigterm_50ms_into_a_dump_of_full_rings_lets_it_finish_then_ends(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_50ms_into_a_dump_of_full_rings_lets_it_finish_then_ends(tmp_path, sig):
     proc, rdr = start(tmp_path, "full_dump")
     wait_for(proc, "DUMPING")
     # The first dump starts right after the line; full rings take far longer than 50 ms to dump.
     time.sleep(0.05)
-    code, took = signal_and_time(proc, signal.SIGTERM)
+    code, took = signal_and_time(proc, sig)
     finish(proc)
-    assert code == -signal.SIGTERM and took < EXIT_WITHIN_S, (code, took)
+    assert code == -sig and took < EXIT_WITHIN_S, (code, took)
     listing = list_bundles(str(rdr))
     assert [b.reason for b in listing.bundles] == ["manual"]  # the dump under way was the fault's one dump
     assert load_bundle(listing.bundles[0].path).manifest["dropped"]["module"] > 0  # the rings were full
