@@ -129,3 +129,42 @@ def test_200_reloads_of_granularity_recorder_and_signal_settings_keep_manifests_
     obs.reset_context()
     assert internal_error_counts() == errors_before
     assert dumps == sum(1 for i in range(0, 200, 4) if variants[i % 6]["enable"]) and relay() is None and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_reloads_applied_on_a_training_thread_that_is_not_main_never_touch_signals(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(env_feature, "debounce_s", 0.0)
+    out = str(tmp_path / "out")
+    path = tmp_path / "obs.json"
+    write(path, {"enable": True, "path": out, "capacity": SMALL})
+    obs.set_context(env_config_path=str(path))  # main thread: the relay is installed here
+    installed = relay()
+    assert installed is not None and signal.getsignal(signal.SIGTERM) == installed._python_handler
+    errors_before = internal_error_counts()
+    seen: list = []
+    failures: list = []
+
+    def training():
+        try:
+            step = trainer()
+            for i in range(40):
+                want = {"enable": i % 2 == 1, "path": out, "granularity": ("module", "step")[i % 4 // 2]}
+                write(path, {**want, "capacity": SMALL})
+                stage(want)
+                step()
+                live = obs.rdr.recorder()
+                seen.append((live is not None, relay() is installed, installed.target is not None))
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread below
+            failures.append(exc)
+
+    worker = threading.Thread(target=training, name="trainer")
+    worker.start()
+    worker.join(120)
+    assert not worker.is_alive() and not failures, failures
+    # Off the main thread the recorder came and went; the relay stayed, following it, never reinstalled.
+    assert seen == [(i % 2 == 1, True, i % 2 == 1) for i in range(40)]
+    assert signal.getsignal(signal.SIGTERM) == installed._python_handler
+    assert internal_error_counts() == errors_before
+    obs.reset_context()  # main thread: now restored
+    assert relay() is None and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
