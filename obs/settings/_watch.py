@@ -7,6 +7,7 @@ quiet.  ``stop()`` stops and joins both threads.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -17,12 +18,26 @@ from obs._core.internal import report_internal_error
 __all__ = ["FileWatcher"]
 
 
+class _QuietStopRace(logging.Filter):
+    """watchdog logs an ERROR when an inotify event races the observer's stop (benign: we are stopping)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+_quiet = _QuietStopRace()
+
+
 class FileWatcher:
     """Calls ``on_change()`` on a worker thread after the file at ``path`` changed."""
 
     def __init__(self, path: str, on_change: Callable[[], None], *, debounce_s: float = 0.2) -> None:
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
+
+        inotify_log = logging.getLogger("watchdog.observers.inotify")
+        if _quiet not in inotify_log.filters:
+            inotify_log.addFilter(_quiet)
 
         self.path = os.path.realpath(path)
         self._folder = os.path.dirname(self.path)
