@@ -201,6 +201,7 @@ class PrintFeature:
         self.parent_pid = 0  # the process that set print_file_path
         self._inherited = False  # target from $OBS_PRINT_FILE in a child process
         self._fault_sub: Subscription | None = None
+        self._steps: Any = None  # the step-detection demand held while a print file is set
 
     @property
     def path(self) -> str | None:
@@ -223,6 +224,7 @@ class PrintFeature:
         os.environ[ENV_PRINT_FILE] = target
         os.environ[ENV_PRINT_PID] = str(self.parent_pid)
         self._fault_sub = bus.subscribe(Event.FAULT, self._on_fault)
+        self._steps = tracker.require("Print to file")  # records carry the step: count optimizer steps
 
     def close(self) -> None:
         """fsync and close the file; Print goes back to the screen."""
@@ -233,6 +235,9 @@ class PrintFeature:
         if self._fault_sub is not None:
             self._fault_sub.remove()
             self._fault_sub = None
+        if self._steps is not None:
+            self._steps.remove()
+            self._steps = None
         if target is not None and not inherited and os.environ.get(ENV_PRINT_FILE) == target:
             del os.environ[ENV_PRINT_FILE]
             os.environ.pop(ENV_PRINT_PID, None)
