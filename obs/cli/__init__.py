@@ -61,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("print", help="show the values of a print file (print_file_path), like parse_print")
     p.add_argument("file")
     p.add_argument("--follow", "-f", action="store_true", help="keep reading as a running job appends calls")
-    p.add_argument("--partial", action="store_true", help="show the complete calls of a file whose last record "
-                   "is truncated (the writer was killed) instead of failing")
+    p.add_argument("--partial", action="store_true", help="skip damaged records (and a truncated last one), "
+                   "show the intact calls, and say what was skipped")
     p.add_argument("--json", action="store_true", help="one JSON object per call (JSON lines)")
 
     p = sub.add_parser("rdr", help="post-mortem: Running Data Recorder bundles",

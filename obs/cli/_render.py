@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from collections.abc import Iterable
@@ -28,18 +27,22 @@ _CONTROL_ALL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _width(stream: Any) -> int | None:
-    if stream.isatty():
-        return None
-    columns = os.environ.get("COLUMNS", "")
-    return int(columns) if columns.isdigit() and int(columns) > 0 else WIDE
+    # Off a terminal nothing is wrapped, whatever COLUMNS says (a pipe has no width to fit).
+    return None if stream.isatty() else WIDE
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits 1 on a closed pipe; `obs ... | head` should end quietly (main() turns this into exit 0).
+        raise BrokenPipeError
 
 
 def console() -> Console:
-    return Console(highlight=False, width=_width(sys.stdout), soft_wrap=not sys.stdout.isatty())
+    return _Console(highlight=False, width=_width(sys.stdout), soft_wrap=not sys.stdout.isatty())
 
 
 def err_console() -> Console:
-    return Console(stderr=True, highlight=False, width=_width(sys.stderr), soft_wrap=not sys.stderr.isatty())
+    return _Console(stderr=True, highlight=False, width=_width(sys.stderr), soft_wrap=not sys.stderr.isatty())
 
 
 def clean(text: Any, *, newlines: bool = True) -> str:

@@ -179,3 +179,12 @@ def test_demo_human_output_names_the_next_command(tmp_path):
     result = obs_cli("demo", "--steps", "3", "--set", "mode=0", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "obs demo" in result.stdout and "Next:" in result.stdout and "mode=0" in result.stdout
+
+
+def test_a_closed_pipe_ends_rich_output_quietly(tmp_path):
+    path = tmp_path / "obs.json"
+    path.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path)}}))
+    code = (f"import sys, os; r, w = os.pipe(); os.close(r); os.dup2(w, 1); from obs.cli import main; "
+            f"sys.exit(main(['config', 'check', {str(path)!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == ""
