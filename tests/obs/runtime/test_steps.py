@@ -87,10 +87,6 @@ def test_a_demand_needs_a_reason():
         tracker.require("")
 
 
-# Print to file declares its need in obs/printing.py (not this area's file): PrintFeature.commit takes
-# ``tracker.require("Print to file")`` once a target is set, close() removes it.  Strict: once that lands,
-# this passes and the marker must go.
-@pytest.mark.xfail(strict=True, reason="obs/printing.py does not call tracker.require('Print to file') yet")
 def test_print_to_file_alone_counts_optimizer_steps(tmp_path):
     """Issue 9: with only print_file_path set, every record said step 0 through 21 optimizer steps."""
     obs.set_context(print_file_path=str(tmp_path / "print.pb"))
