@@ -28,6 +28,7 @@ it cannot re-raise from the main thread.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -38,6 +39,8 @@ from obs._core.internal import report_internal_error
 
 __all__ = ["DUMP_BUDGET_S", "GRACE_S", "SIGNALS", "SignalRelay", "SignalTarget", "install_relay", "relay",
            "uninstall_relay"]
+
+logger = logging.getLogger("obs")
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: the longest a dump on a signal may take before the process is ended anyway
@@ -66,6 +69,10 @@ def _native() -> Any:
     try:
         from recorder import _hotpath
     except ImportError:
+        logger.warning("obs: the recorder's C extension (recorder._hotpath) is not built: SIGTERM/SIGINT are "
+                       "handled only when the main thread runs Python, so a rank blocked in a collective or "
+                       "another C call is not dumped on a signal (its ring is left for obs rdr recover); "
+                       "reinstall obs with a C compiler to get it")
         return None
     # An extension built before the signal functions existed (a stale build) counts as missing.
     return _hotpath if hasattr(_hotpath, "hook_signal") and hasattr(_hotpath, "die") else None

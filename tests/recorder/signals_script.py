@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -53,7 +54,15 @@ def blocked_in_c() -> None:
     libc = ctypes.CDLL(None)  # CDLL calls release the GIL
     mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER on Linux
     libc.pthread_mutex_lock(mutex)
-    print("BLOCKED", flush=True)
+    main, line = threading.get_ident(), sys._getframe().f_lineno + 9
+
+    def announce() -> None:  # "BLOCKED" only once the main thread is in the C call below
+        while sys._current_frames()[main].f_lineno != line:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        print("BLOCKED", flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
     libc.pthread_mutex_lock(mutex)  # a default mutex locked twice: never returns, EINTR or not
 
 

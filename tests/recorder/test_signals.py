@@ -223,3 +223,19 @@ def test_a_dump_that_does_not_fit_the_budget_is_left_in_the_ring_for_recover(tmp
     (path,) = recover_rings(str(rdr))
     b = load_bundle(path)
     assert b.manifest["step"] == 3 and [e["marker"] for e in b.events({"marker"})] == ["signal"]
+
+
+def test_without_the_c_extension_a_main_thread_blocked_in_c_is_not_dumped_and_recover_has_its_ring(tmp_path):
+    """What the pure-Python fallback cannot do (as its docs say): the signal waits for the main thread."""
+    from recorder.recover import recover_rings
+
+    proc, rdr = start(tmp_path, "blocked_in_c", OBS_RDR_PURE_PYTHON="1")
+    wait_for(proc, "BLOCKED")
+    os.kill(proc.pid, signal.SIGTERM)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(2 + DUMP_BUDGET_S)
+    proc.kill()
+    finish(proc)
+    assert not list_bundles(str(rdr)).bundles and marker(rdr)["state"] == "running"
+    (path,) = recover_rings(str(rdr))
+    assert load_bundle(path).manifest["step"] == 3
