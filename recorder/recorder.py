@@ -36,6 +36,7 @@ __all__ = ["GRANULARITIES", "RdrConfig", "Recorder", "rdr_dir"]
 
 GRANULARITIES = ("off", "step", "module", "op")
 _GRAPHS_KEPT = 32
+_CLOSE_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -432,6 +433,7 @@ class Recorder:
         if self.ring.closed:
             return
         self._unsubscribe()
+        self.wait_idle(_CLOSE_WAIT_S)  # a dump on another thread (a signal's) reads the map: let it finish
         keep = not clean_exit or self.failed is not None
         self.ring.close(remove=not keep)
         if clean_exit:
