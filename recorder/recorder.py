@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -27,7 +28,7 @@ from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
-from recorder.layout import DEFAULT_CAPACITY, HEADER, Kind
+from recorder.layout import DEFAULT_CAPACITY, Kind
 from recorder.ring import RingWriter
 from recorder.ring_reader import RingContents, read_ring
 from recorder.stacks import all_stacks
@@ -51,9 +52,8 @@ class RdrConfig:
     hang_action: str = "dump"
 
 
-#: byte offset of (rank, world_size) in the ring header: magic 8s, version I, pid I come first
-_RANK_AT = 16
-assert HEADER.format.lstrip("<").startswith("8sIIII")
+#: byte offset of (rank, world_size) in the ring header (layout.HEADER: magic, version, pid, rank, world_size, ...)
+_RANK_AT = struct.calcsize("<8sII")
 
 
 def rdr_dir(path: str, rank: int, *, pending_pid: int | None = None) -> str:
