@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from obs._core import safe_files
+from obs._core import outputs, safe_files
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error
 from recorder.assemble import bundle_parts
@@ -348,6 +348,7 @@ class Recorder:
                                next_step="obs rdr recover retries the bundle from the ring")
             raise
         self.dumps.append(path)
+        outputs.wrote("RDR bundle", path)
         self.failed = None
         self.mark("dumped", last_reason=reason, last_bundle=os.path.basename(path))
         return path

@@ -164,45 +164,21 @@ def _progress_bar(steps: int) -> Iterator[Progress | None]:
         yield lambda what, done: bar.update(task, description=what, completed=done)
 
 
-def _say_written_once() -> None:
-    """At exit, after obs's own exit work: each file or folder obs wrote, once, on stderr."""
-    from obs._core.outputs import written
-    from obs.cli._render import say_written
-
-    said: set[str] = set()
-    for kind, path in written():
-        if path not in said:
-            said.add(path)
-            say_written(kind, path)
-
-
-def _note_bundles() -> None:
-    """The demo's bundles among what obs wrote (the print file notes itself when it is made)."""
-    import obs
-    from obs._core.outputs import wrote
-
-    live = obs.rdr.recorder()
-    for bundle in live.dumps if live is not None else ():
-        wrote("RDR bundle", bundle)
-
-
 def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, Any]], as_json: bool,
                      fail_at: int | None = None) -> int:
-    from obs.cli._run import apply_settings
+    from obs.cli._run import apply_settings, say_what_obs_wrote
 
     # Registered before any obs exit handler, so it runs after them (a mode-2 bundle, the last fsync).
-    atexit.register(_say_written_once)
+    atexit.register(say_what_obs_wrote)
     apply_settings(config, sets)
     start = time.perf_counter()
     try:
         with _progress_bar(steps) as progress:
             result = run_demo(steps, fail_at, progress)
     except DemoFailure as exc:
-        _note_bundles()
         return _report_failure(exc, as_json=as_json)
     finally:
         elapsed = time.perf_counter() - start
-    _note_bundles()
     if as_json:
         from obs.cli._render import print_json
 

@@ -188,3 +188,15 @@ def test_a_closed_pipe_ends_rich_output_quietly(tmp_path):
             f"sys.exit(main(['config', 'check', {str(path)!r}]))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stderr == ""
+
+
+def test_run_says_on_stderr_which_files_obs_wrote(tmp_path):
+    config = tmp_path / "obs.json"
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
+    (tmp_path / "boom.py").write_text("import obs\nobs.Print('hello')\nraise RuntimeError('boom')\n")
+    result = obs_cli("run", "--config", str(config), "--set", f"print_file_path={tmp_path / 'p.pb'}", "boom.py",
+                     cwd=tmp_path)
+    assert result.returncode == 1
+    assert f"obs: wrote print file: {tmp_path / 'p.pb'}" in result.stderr
+    bundle = next(line for line in result.stderr.splitlines() if line.startswith("obs: wrote RDR bundle: "))
+    assert os.path.isfile(os.path.join(bundle.split(": ", 2)[2], "manifest.json"))
