@@ -42,12 +42,7 @@ def run_options(which: str, *, as_json: bool) -> int:
         for column in ("name", "type", "default", "devices", "meaning"):
             view.add_column(column, overflow="fold", style="bold cyan" if column == "name" else None)
         for row in _rows(table):
-            meaning = row["meaning"]
-            if row["pytorch"]:
-                meaning += f" [green]PyTorch: {row['pytorch']}[/]"
-            if row["deprecated"]:
-                meaning += f" [yellow]Deprecated: {row['deprecated']}[/]"
-            view.add_row(row["name"], row["type"], repr(row["default"]), row["devices"], meaning)
+            view.add_row(row["name"], row["type"], repr(row["default"]), row["devices"], _meaning(row, markup=True))
         out.print(view)
     return 0
 
@@ -59,9 +54,16 @@ def _plain(selected: dict[str, OptionTable]) -> None:
     write("table\tname\ttype\tdefault\tdevices\tmeaning\n")
     for name, table in selected.items():
         for row in _rows(table):
-            meaning = row["meaning"]
-            if row["pytorch"]:
-                meaning += f" PyTorch: {row['pytorch']}"
-            if row["deprecated"]:
-                meaning += f" Deprecated: {row['deprecated']}"
-            write("\t".join((name, row["name"], row["type"], repr(row["default"]), row["devices"], meaning)) + "\n")
+            cells = (name, row["name"], row["type"], repr(row["default"]), row["devices"], _meaning(row, markup=False))
+            write("\t".join(cells) + "\n")
+
+
+def _meaning(row: dict[str, Any], *, markup: bool) -> str:
+    """The meaning, then what it does in PyTorch and any deprecation (coloured on a terminal)."""
+    green, yellow, end = ("[green]", "[yellow]", "[/]") if markup else ("", "", "")
+    meaning = row["meaning"]
+    if row["pytorch"]:
+        meaning += f" {green}PyTorch: {row['pytorch']}{end}"
+    if row["deprecated"]:
+        meaning += f" {yellow}Deprecated: {row['deprecated']}{end}"
+    return meaning
