@@ -61,10 +61,26 @@ _DISPATCH_PLUMBING = tuple(os.sep + os.path.join("torch", *name.split("/")) for 
                            ("_compile.py", "_dynamo/eval_frame.py", "utils/_python_dispatch.py", "_ops.py"))
 
 
+#: ``obs run`` runs the script from here (through runpy): the frames down to the script's are the launcher's
+_LAUNCHER = os.sep + os.path.join("obs", "cli", "_run.py")
+
+
+def _without_launcher(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """Under ``obs run``: the frames from the script's first one on, as ``python script.py`` would show them."""
+    at = next((i for i, f in enumerate(frames) if f.filename.endswith(_LAUNCHER)), None)
+    if at is None:
+        return frames
+    at += 1
+    while at < len(frames) - 1 and (frames[at].filename == "<frozen runpy>" or
+                                    frames[at].filename.endswith(os.sep + "runpy.py")):
+        at += 1
+    return frames[at:]
+
+
 def _without_wrappers(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
-    """``frames`` without obs's module wrapper, and cut where obs's op dispatch mode begins (with torch's plumbing
-    around it): what the traceback would be without obs."""
-    out = [f for f in frames if not f.filename.endswith(WRAPPER_FILES[0])]
+    """``frames`` without obs's module wrapper and ``obs run``'s launcher, and cut where obs's op dispatch mode
+    begins (with torch's plumbing around it): what the traceback would be without obs."""
+    out = [f for f in _without_launcher(frames) if not f.filename.endswith(WRAPPER_FILES[0])]
     cut = next((i for i, f in enumerate(out) if f.filename.endswith(WRAPPER_FILES[1])), None)
     if cut is None:
         return out

@@ -55,12 +55,19 @@ def run_script(script: str, args: list[str], *, config: str | None, sets: list[t
             return code
         print(code, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        sys.excepthook(*sys.exc_info())
-        return 130
-    except BaseException:
+    except BaseException as exc:
         # Through sys.excepthook, as an uncaught exception of `python script.py` would go, so the
         # Running Data Recorder (and any hook the user installed) sees it.
-        sys.excepthook(*sys.exc_info())
-        return 1
+        exc = exc.with_traceback(_from_script(exc.__traceback__, path))
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
     return 0
+
+
+def _from_script(tb: Any, path: str) -> Any:
+    """The traceback from the script's first frame on, as ``python script.py`` shows it (no obs or runpy frames
+    above it); the whole one when the script's frame is not in it (it failed to compile)."""
+    start = tb
+    while start is not None and start.tb_frame.f_code.co_filename != path:
+        start = start.tb_next
+    return start if start is not None else tb

@@ -94,3 +94,23 @@ def test_op_dispatch_frames_are_cut(tmp_path, granularity):
     assert last["file"].endswith("linear.py"), record["traceback"]  # as without obs: nothing after linear.py
     assert "_python_dispatch" not in record["traceback"] and "eval_frame.py" not in record["traceback"]
     assert record["raised_in"]["file"].endswith("linear.py") and record["where"]["function"] == "user_forward"
+
+
+def test_under_obs_run_the_bundle_traceback_starts_at_the_script(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from recorder.bundle_reader import list_bundles, load_bundle
+
+    (tmp_path / "obs.json").write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
+    (tmp_path / "train.py").write_text("import torch\nnet = torch.nn.Linear(4, 2)\n\ndef main():\n"
+                                       "    net(torch.ones(3, 5))\n\nmain()\n")
+    result = subprocess.run([sys.executable, "-m", "obs", "run", "--config", "obs.json", "train.py"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    (info,) = list_bundles(str(tmp_path / "rdr")).bundles
+    text = load_bundle(info.path).exception["traceback"]
+    first = text.splitlines()[1]
+    assert first.strip().startswith(f'File "{tmp_path / "train.py"}", line 7, in <module>'), text
+    assert "obs/cli" not in text and "runpy" not in text

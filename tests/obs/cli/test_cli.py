@@ -143,11 +143,13 @@ def test_run_gives_the_script_an_absolute_file_as_python_does(tmp_path):
     assert result.stdout == plain.stdout == f"{tmp_path / 'show.py'}\n"
 
 
-def test_run_script_exception_exits_1_with_its_traceback(tmp_path):
+def test_run_script_exception_exits_1_with_its_traceback_as_python_shows_it(tmp_path):
     script = tmp_path / "boom.py"
-    script.write_text("raise RuntimeError('boom in training')\n")
+    script.write_text("def train():\n    raise RuntimeError('boom in training')\n\ntrain()\n")
     result = obs_cli("run", str(script))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert result.returncode == 1 and "RuntimeError: boom in training" in result.stderr
+    assert result.stderr == plain.stderr  # from the script's first frame: no obs or runpy frames above it
 
 
 def test_bad_setting_is_an_error_without_traceback(tmp_path):
