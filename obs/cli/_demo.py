@@ -116,7 +116,7 @@ def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None =
                 obs.Print(f"step {i + 1} loss:", loss.detach(), "first layer bias:", model.state_dict()["0.bias"][:4])
             report("training", i + 1)
     produced, next_commands = [], ["obs options", "obs config check obs_config.json",
-                                   "obs run your_train.py --config obs_config.json"]
+                                   "obs run --config obs_config.json your_train.py"]
     _point_to_outputs(print_file, produced, next_commands)
     first_steps_ms, step_ms = split_warmup(durations)
     return DemoResult(
