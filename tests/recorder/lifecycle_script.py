@@ -68,7 +68,10 @@ def spawned(rank, store):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
     train(Net(), 3, all_reduce=True)
-    print(json.dumps({"rank": rank, "bundle": obs.rdr.dump("manual")}), flush=True)
+    # One write of a whole line (atomic on a pipe): print() writes the text and the newline apart, and the
+    # two ranks' lines could interleave.
+    sys.stdout.write(json.dumps({"rank": rank, "bundle": obs.rdr.dump("manual")}) + "\n")
+    sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
 
