@@ -334,6 +334,14 @@ class Recorder:
         self._dump_lock.release()
         return True
 
+    def stop_dumps(self, timeout: float) -> bool:
+        """The process is ending: wait until no dump is under way, then keep the dump lock so that none starts
+        (a caller of :meth:`dump` waits for the end; a dump cut short would leave only its temporary folder).
+        False when ``timeout`` ran out first."""
+        if self.dumping_here():
+            return False
+        return self._dump_lock.acquire(timeout=max(0.0, timeout))
+
     def _write(self, reason: str, contents: RingContents, *, error: BaseException | None,
                fault: dict[str, Any] | None, stacks: str | None) -> str:
         manifest, files = bundle_parts(contents, reason, error=error, fault=fault, fatal_stacks=stacks,

@@ -62,6 +62,9 @@ class SignalTarget(Protocol):
     def ending(self, name: str, complete: bool) -> None:
         """The process is about to die of ``name``: final marker, ring kept unless ``complete``."""
 
+    def stop_dumps(self, budget_s: float) -> bool:
+        """The process ends next: let a dump under way finish and start no other; False when ``budget_s`` ran out."""
+
 
 def _native() -> Any:
     if os.environ.get("OBS_RDR_PURE_PYTHON", "") not in ("", "0"):
@@ -91,6 +94,7 @@ class SignalRelay:
         self._dumped = threading.Event()  #: the first signal's dump is over (or was skipped)
         self._python_took_over = threading.Event()  #: the main thread called the previous handler
         self._deferred = False  #: the main thread was dumping when its Python handler ran
+        self._main_answered = threading.Event()  #: the main thread's Python handler took over or deferred
         self._complete = False
         self._never = threading.Event()  # waited on, never set
 
@@ -160,11 +164,13 @@ class SignalRelay:
         if target is not None and target.dumping_here():
             # This thread is inside a dump: let it finish; the watcher ends the process after it.
             self._deferred = True
+            self._main_answered.set()
             return
         self._dumped.wait(DUMP_BUDGET_S + 1.0)
         prev = self._prev.get(signum)
         if callable(prev):
             self._python_took_over.set()
+            self._main_answered.set()
             prev(signum, frame)  # Python's default SIGINT handler raises KeyboardInterrupt here
         elif self.native is None:
             self._die(signum)  # no C handler: the main thread re-raises the default action itself
@@ -211,17 +217,28 @@ class SignalRelay:
     def _end_if_default(self, signum: int) -> None:
         """End the process where the signal's default action would have (and nobody else will)."""
         if self._deferred:
-            self._die(signum)  # the signal arrived during a dump on the main thread: that dump is over now
+            self._end_after_dumps(signum)  # the signal arrived during a dump on the main thread
         prev = self._prev.get(signum)
         if prev in (signal.SIG_DFL, None):
             if self.native is not None:
-                self._die(signum)
+                self._end_after_dumps(signum)
             return  # without the C handler, the main thread's Python handler re-raises
-        if prev is signal.default_int_handler and not self._python_took_over.wait(GRACE_S):
+        if prev is signal.default_int_handler and not self._python_took_over.is_set():
             # KeyboardInterrupt needs the main thread; blocked in C, it never comes: end as SIGINT's
-            # default action would have.
-            self._die(signum)
+            # default action would have.  If its handler ran inside a dump the main thread started
+            # meanwhile, that dump finishes first (no half bundle), then the process ends.
+            self._main_answered.wait(GRACE_S)
+            if self._deferred or not self._python_took_over.is_set():
+                self._end_after_dumps(signum)
         # A handler of the user's own decides how the process ends; a later signal ends it at once.
+
+    def _end_after_dumps(self, signum: int) -> None:
+        """Die, once a dump the training thread may have started meanwhile is over (none starts after it), so
+        the end never cuts a bundle short; skipped when the signal's own dump overran its budget."""
+        target = self.target
+        if target is not None and self._complete:
+            target.stop_dumps(DUMP_BUDGET_S)
+        self._die(signum)
 
     def _die(self, signum: int) -> None:
         target = self.target

@@ -144,6 +144,9 @@ class Triggers:
     def dumping_here(self) -> bool:
         return self.recorder.dumping_here()
 
+    def stop_dumps(self, budget_s: float) -> bool:
+        return self.recorder.stop_dumps(budget_s)
+
     def ending(self, name: str, complete: bool) -> None:
         """The process dies of ``name`` next: the ring goes only when its bundle is on disk."""
         recorder = self.recorder
