@@ -63,36 +63,21 @@ def _check_name(path: str) -> None:
 
 
 def _check_folders(folder: str, path: str) -> None:
-    """What ``safe_files.ensure_dir(folder)`` will do, checked without doing it: existing parts are folders
-    (a symlink only where others cannot write), the missing ones can be created, no name is too long."""
-    current = deepest = os.sep
-    exists = True
+    """What ``safe_files.ensure_dir(folder)`` will do, checked without doing it (:func:`safe_files.check_dir`), and
+    that no folder name is too long and files can be created in the deepest existing one."""
     for name in [p for p in folder.split(os.sep) if p]:
-        limit = _name_max(deepest)
+        limit = _name_max(_existing_ancestor(folder))
         if len(os.fsencode(name)) > limit:
             raise ObsConfigError(f"print_file_path has a folder name of {len(os.fsencode(name))} bytes, longer than "
                                  f"this file system allows ({limit}): {shorten(name)}", option="print_file_path",
                                  value=path)
-        parent, current = current, os.path.join(current, name)
-        if not exists:
-            continue
-        try:
-            info = os.lstat(current)
-        except FileNotFoundError:
-            exists = False
-            continue
-        except OSError as exc:
-            raise ObsConfigError(f"print_file_path {shorten(path)}: cannot look at folder {current!r}: "
-                                 f"{exc.strerror}", option="print_file_path", value=path) from None
-        if stat.S_ISLNK(info.st_mode):
-            if os.stat(parent).st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise UnsafePathError(f"print_file_path {path!r}: refusing to follow the symlink {current!r} in "
-                                      f"{parent!r}, a folder other users can write to; use the real folder "
-                                      f"{os.path.realpath(current)!r}", path=current)
-            info = os.stat(current)
-        if not stat.S_ISDIR(info.st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, f"print_file_path {path!r}: {current!r} is not a folder")
-        deepest = current
+    try:
+        deepest = safe_files.check_dir(folder)
+    except OSError as exc:
+        if isinstance(exc, (UnsafePathError, NotADirectoryError)):
+            raise
+        raise ObsConfigError(f"print_file_path {shorten(path)}: cannot look at its folders: {exc.strerror}",
+                             option="print_file_path", value=path) from None
     if not os.access(deepest, os.W_OK | os.X_OK):
         raise PermissionError(errno.EACCES, f"print_file_path {path!r}: cannot create files in {deepest!r} "
                               "(no write permission)")

@@ -19,8 +19,8 @@ from typing import Union
 
 from obs._core.errors import UnsafePathError
 
-__all__ = ["DIR_MODE", "FILE_MODE", "create_file", "ensure_dir", "open_private", "read_private", "temp_path",
-           "write_atomic"]
+__all__ = ["DIR_MODE", "FILE_MODE", "check_dir", "create_file", "ensure_dir", "open_private", "read_private",
+           "temp_path", "write_atomic"]
 
 DIR_MODE, FILE_MODE = 0o700, 0o600
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
@@ -36,15 +36,25 @@ def ensure_dir(path: str) -> str:
     Existing folders are kept as they are.  A component that is a symlink is followed only when the
     folder holding it is writable by its owner alone; anything else that is not a folder raises.
     """
+    return _walk(path, create=True)
+
+
+def check_dir(path: str) -> str:
+    """What :func:`ensure_dir` would do, checked without creating anything (same errors); returns the deepest
+    folder of ``path`` that exists."""
+    return _walk(path, create=False)
+
+
+def _walk(path: str, *, create: bool) -> str:
     path = os.path.abspath(path)
-    parts = [p for p in path.split(os.sep) if p]
-    current = os.sep
-    for name in parts:
-        parent = current
-        current = os.path.join(current, name)
+    current = deepest = os.sep
+    for name in [p for p in path.split(os.sep) if p]:
+        parent, current = current, os.path.join(current, name)
         try:
             info = os.lstat(current)
         except FileNotFoundError:
+            if not create:
+                return deepest  # the rest would be created
             try:
                 os.mkdir(current, DIR_MODE)
                 continue
@@ -58,7 +68,8 @@ def ensure_dir(path: str) -> str:
             info = os.stat(current)
         if not stat.S_ISDIR(info.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, f"{current!r} is not a folder (needed for {path!r})")
-    return path
+        deepest = current
+    return path if create else deepest
 
 
 def create_file(path: str, *, append: bool = False, read: bool = False) -> int:
