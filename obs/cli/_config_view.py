@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from obs.cli._render import clean, console, err_console, print_json
+from obs.cli._render import console, err_console, markup_text, print_json
 from obs.settings.env_config import ConfigFileError, EnvConfig, load_file, resolve
 
 __all__ = ["describe", "run_check"]
@@ -43,11 +43,11 @@ def run_check(path: str, *, as_json: bool) -> int:
         else:
             err = err_console()
             count = len(exc.problems)
-            err.print(f"[bold red]obs: {clean(path)} is invalid[/] ({count} problem{'s' * (count != 1)}):",
+            err.print(f"[bold red]obs: {markup_text(path)} is invalid[/] ({count} problem{'s' * (count != 1)}):",
                       markup=True)
             for problem in exc.problems:
                 text = problem.message if problem.key else f"the file {problem.message}"
-                err.print(f"  [red]✗[/] {_escape(text)}", markup=True)
+                err.print(f"  [red]✗[/] {markup_text(text)}", markup=True)
         return 1
     if as_json:
         data: dict[str, Any] = {"file": path, "valid": True, "settings": cfg.as_dict(),
@@ -65,9 +65,3 @@ def run_check(path: str, *, as_json: bool) -> int:
     for line in describe(cfg):
         out.print(f"• {line}")
     return 0
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(clean(text))

@@ -18,8 +18,8 @@ from typing import Any
 
 from rich.console import Console
 
-__all__ = ["WIDE", "clean", "console", "err_console", "error", "print_json", "print_json_lines", "say_written",
-           "warning"]
+__all__ = ["WIDE", "clean", "console", "err_console", "error", "markup_text", "print_json", "print_json_lines",
+           "say_written", "warning"]
 
 WIDE = 100_000  #: the width used off a terminal: wide enough that rich never wraps a line
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -52,16 +52,16 @@ def clean(text: Any, *, newlines: bool = True) -> str:
 
 
 def error(message: str) -> None:
-    err_console().print(f"[bold red]obs: error:[/] {_markup_safe(clean(message))}", markup=True, soft_wrap=True)
+    err_console().print(f"[bold red]obs: error:[/] {markup_text(message)}", markup=True, soft_wrap=True)
 
 
 def warning(message: str) -> None:
-    err_console().print(f"[yellow]obs: warning:[/] {_markup_safe(clean(message))}", markup=True, soft_wrap=True)
+    err_console().print(f"[yellow]obs: warning:[/] {markup_text(message)}", markup=True, soft_wrap=True)
 
 
 def say_written(what: str, path: str) -> None:
     """``obs: wrote <what>: <path>`` on stderr, the path whole."""
-    err_console().print(f"[dim]obs:[/] wrote {what}: {_markup_safe(clean(path, newlines=False))}", markup=True,
+    err_console().print(f"[dim]obs:[/] wrote {what}: {markup_text(path, newlines=False)}", markup=True,
                         soft_wrap=True)
 
 
@@ -80,7 +80,9 @@ def print_json_lines(records: Iterable[Any]) -> int:
     return count
 
 
-def _markup_safe(text: str) -> str:
+def markup_text(text: str, *, newlines: bool = True) -> str:
+    """Text from a file or the user, ready to sit inside rich markup: control characters escaped (:func:`clean`),
+    brackets never read as markup."""
     from rich.markup import escape
 
-    return escape(text)
+    return escape(clean(text, newlines=newlines))
