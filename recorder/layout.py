@@ -53,6 +53,7 @@ class Kind(enum.IntEnum):
     OP = 5
     MEMORY = 6
     COLLECTIVE = 7
+    PHASE = 8  # a phase of a step (data, forward, backward, optimizer) ended: written by the profiler's ring
     PRINT = 20
     FAULT = 21
     SETTINGS = 22
@@ -62,7 +63,7 @@ class Kind(enum.IntEnum):
 
 #: ring name → the kinds it holds; blobs hold the kinds >= 20
 RINGS: dict[str, tuple[Kind, ...]] = {
-    "step": (Kind.STEP_BEGIN, Kind.STEP_END),
+    "step": (Kind.STEP_BEGIN, Kind.STEP_END, Kind.PHASE),
     "module": (Kind.MODULE_ENTER, Kind.MODULE_EXIT),
     "op": (Kind.OP,),
     "memory": (Kind.MEMORY,),

@@ -12,6 +12,7 @@ MODULE_EXIT     scope id   step      -            -
 OP              name id    scope id  duration_ns  inputs id (shapes, dtypes, device)
 MEMORY          device id  step      bytes used   bytes reserved (CUDA) / virtual (CPU)
 COLLECTIVE      desc id    seq       duration_ns  state (0 scheduled, 1 started, 2 completed)
+PHASE           phase      step      begin t_ns   end t_ns (phase: 0 data, 1 forward, 2 backward, 3 optimizer)
 ==============  =========  ========  ===========  =============
 
 ``flags`` bit 0 marks a module or op that raised.

@@ -44,6 +44,10 @@ class Event(enum.Enum):
                             "`error` (None on success).")
     OP = EventSpec("op", ("name", "args", "kwargs", "duration_ns", "error"), "One operator (aten op) ran; `name` is "
                    "its overload name, `args`/`kwargs` its inputs, `error` what it raised or None.")
+    PHASE = EventSpec("phase", ("name", "begin_ns", "end_ns"), "A phase of the current training step ended: `name` "
+                      "is data (waiting for the batch in `obs.steps`), forward (a root module call with grad enabled), "
+                      "backward (torch.autograd.backward) or optimizer (optimizer.step); times are "
+                      "time.perf_counter_ns().")
     GRAPH_COMPILED = EventSpec("graph_compiled", ("name", "graph_module", "example_inputs"), "`obs.compile` captured "
                                "a graph (a torch.fx.GraphModule) and is about to hand it to the backend.")
     MEMORY = EventSpec("memory", ("step", "stats"), "Memory at a step end, sampled at most every 50 ms: CUDA "
