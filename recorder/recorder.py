@@ -28,6 +28,7 @@ from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
+from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
 from recorder.layout import DEFAULT_CAPACITY, Kind
 from recorder.ring import RingWriter
 from recorder.ring_reader import RingContents, read_ring
@@ -152,10 +153,9 @@ class Recorder:
                 memory(Kind.MEMORY, 0, intern(str(stats.get("device", "?"))), number, int(used), int(other))
 
             def on_collective(record: dict[str, Any]) -> None:
-                desc = intern(f"{record.get('op')} group={record.get('group')} dtype={record.get('dtype')} "
-                              f"sizes={record.get('sizes')}")
-                state = ("scheduled", "started", "completed").index(record.get("state", "completed"))
-                collective(Kind.COLLECTIVE, 0, desc, int(record.get("seq", 0)),
+                desc = intern(collective_desc(record))
+                state = COLLECTIVE_STATES.index(record.get("state", "completed"))
+                collective(Kind.COLLECTIVE, 1 if record.get("error") else 0, desc, int(record.get("seq", 0)),
                            int(record.get("duration_ns", 0)), state)
 
             add(bus.subscribe(Event.STEP_BEGIN, on_step_begin))

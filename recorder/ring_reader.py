@@ -24,6 +24,7 @@ import numpy as np
 
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
+from recorder.collective_desc import COLLECTIVE_STATES
 from recorder.layout import BLOB, BLOB_SIZE, HEADER_SIZE, MAGIC, SLOT, Header, Kind
 
 __all__ = ["RingContents", "read_header_file", "read_ring", "read_ring_file"]
@@ -31,7 +32,7 @@ __all__ = ["RingContents", "read_header_file", "read_ring", "read_ring_file"]
 SLOT_DTYPE = np.dtype([("seq", "<u8"), ("idx", "<u8"), ("t", "<i8"), ("kind", "<u2"), ("flags", "<u2"),
                        ("a", "<i4"), ("b", "<i8"), ("c", "<i8"), ("d", "<i8")])
 assert SLOT_DTYPE.itemsize == SLOT.size
-_STATES = ("scheduled", "started", "completed")
+_STATES = COLLECTIVE_STATES
 _OPEN_SHOWN = 64  # innermost open modules reported (deeper nests are interleaved threads, not a real stack)
 
 
@@ -138,7 +139,8 @@ def _format(kind: int, c: dict[str, list[Any]]) -> list[str]:
                 for s, w, n, st, u, o in zip(seq, t, a, b, dur, d)]
     if kind == Kind.COLLECTIVE:
         return [f'{{"seq":{s},"t":{w},"kind":"collective","desc":{n},"group_seq":{g},"step":{st},"duration_ns":{du},'
-                f'"state":"{_STATES[x] if 0 <= x < 3 else x}"}}' for s, w, n, g, st, du, x in zip(seq, t, a, b, step, dur, d)]
+                f'"state":"{_STATES[x] if 0 <= x < len(_STATES) else x}"{_ERR[f & 1]}}}'
+                for s, w, f, n, g, st, du, x in zip(seq, t, flags, a, b, step, dur, d)]
     return [f'{{"seq":{s},"t":{w},"kind":"{_NAMES.get(kind, kind)}","step":{st}}}' for s, w, st in zip(seq, t, step)]
 
 

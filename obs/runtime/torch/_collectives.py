@@ -1,18 +1,26 @@
 """torch.distributed collectives → COLLECTIVE events: sequence number per group, op, sizes, dtype, state, timing.
 
 While COLLECTIVE has subscribers, the public collective functions of ``torch.distributed`` are
-wrapped (both names: ``torch.distributed.X`` and ``distributed_c10d.X``).  A blocking call
-publishes ``started`` then ``completed`` with its duration; an ``async_op=True`` call publishes
-``scheduled`` and, once its Work is seen completed (polled at the next collective or step end),
-``completed``.  Collectives issued from C++ (DDP's gradient buckets) are not seen.
+wrapped (both names: ``torch.distributed.X`` and ``distributed_c10d.X``), and every
+``DistributedDataParallel`` built meanwhile sends its gradient buckets through a Python
+communication hook (:mod:`obs.runtime.torch._ddp`) whose all_reduce these wrappers see.
 
-Async completion is discovered at the next collective call (``poll``): a hung async op stays
-``scheduled`` in the record, which is what a post-mortem needs to see.
+The arguments are read by the function's real signature (worked out once per function), so a
+group passed by position is recorded as that group.  Sequence numbers count per group, as the
+Flight Recorder's ``collective_seq_id`` does: the n-th collective of a group on every member rank
+has the same number, which is how ``obs rdr analyze`` lines ranks up.  Point-to-point ops count
+on their own per pair of ranks (group ``{group}:p2p:{lo}-{hi}``), so they never shift the
+group's numbers.  A rank outside the group (the call is a no-op for it) records nothing.
+
+States: a blocking call publishes ``started`` then ``completed`` (or ``failed`` when it raised),
+with its duration; an ``async_op=True`` call (and isend/irecv) publishes ``scheduled``, and
+``completed`` / ``failed`` from a callback of its Work's future when the work completes.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import time
 from collections import defaultdict
@@ -23,18 +31,43 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from obs._core.events import Event, bus
+from obs._core.internal import report_internal_error
 
 __all__ = ["CollectiveHooks", "OPS"]
 
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
        "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "gather", "scatter", "send", "recv",
        "isend", "irecv")
+_P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+_ASYNC_ALWAYS = frozenset({"isend", "irecv"})
+_MISSING = object()
 
 
-def _group_name(group: Any) -> str:
-    if group is None:
-        return "default"
-    return str(getattr(group, "group_name", None) or getattr(group, "group_desc", None) or id(group))
+class _Args:
+    """Where a function takes ``group``, ``async_op`` and its peer: worked out once from its signature."""
+
+    __slots__ = ("names", "group", "async_op", "peer", "defaults")
+
+    def __init__(self, name: str, function: Any) -> None:
+        params = list(inspect.signature(function).parameters.values())
+        self.names = [p.name for p in params]
+        self.defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+        self.group = self._index("group")
+        self.async_op = self._index("async_op")
+        self.peer = self._index(_P2P[name]) if name in _P2P else None
+
+    def _index(self, name: str) -> int | None:
+        return self.names.index(name) if name in self.names else None
+
+    def get(self, index: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if index is None:
+            return None
+        name = self.names[index]
+        if name in kwargs:
+            return kwargs[name]
+        if index < len(args):
+            return args[index]
+        return self.defaults.get(name)
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -47,60 +80,93 @@ def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor
     return out
 
 
+class _Groups:
+    """Names and member ranks of process groups, as every rank sees them (cached per group name)."""
+
+    def __init__(self) -> None:
+        self._members: dict[str, str] = {}
+
+    def name(self, group: Any) -> str:
+        """``default`` for the world group (None, ``group.WORLD`` or the default group object), else its
+        ``group_name`` (the same on every rank: groups are made by every rank in the same order)."""
+        if group is None or group is c10d.GroupMember.WORLD:
+            return "default"
+        name = getattr(group, "group_name", None)
+        if name is None:
+            return str(getattr(group, "group_desc", None) or id(group))
+        try:
+            if name == c10d._get_default_group().group_name:
+                return "default"
+        except (RuntimeError, ValueError):  # not initialised
+            pass
+        return str(name)
+
+    def members(self, name: str, group: Any) -> str | None:
+        """``0,2`` for a subgroup's global ranks (None for the world group)."""
+        if name == "default":
+            return None
+        known = self._members.get(name)
+        if known is None:
+            try:
+                known = ",".join(str(r) for r in dist.get_process_group_ranks(group))
+            except Exception:  # a group torch no longer knows: record without members
+                known = ""
+            self._members[name] = known
+        return known or None
+
+
 class CollectiveHooks:
-    """Wraps the collectives until ``remove()``; ``poll()`` publishes completions of async work."""
+    """Wraps the collectives (and DDP's construction) until ``remove()``."""
 
     def __init__(self) -> None:
         self._seq: defaultdict[str, itertools.count[int]] = defaultdict(lambda: itertools.count(1))
-        self._pending: list[tuple[Any, dict[str, Any], int]] = []
+        self._groups = _Groups()
         self._originals: dict[str, Any] = {}
         for name in OPS:
             original = getattr(c10d, name, None)
             if original is None:
                 continue
             self._originals[name] = original
-            wrapped = self._wrap(name, original)
+            wrapped = self._wrap(name, original, _Args(name, original))
             setattr(c10d, name, wrapped)
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapped)
+        from obs.runtime.torch._ddp import DdpHooks
 
-    def _wrap(self, name: str, original: Any) -> Any:
+        self._ddp = DdpHooks()
+
+    def _wrap(self, name: str, original: Any, spec: _Args) -> Any:
+        groups, seqs = self._groups, self._seq
+        always_async = name in _ASYNC_ALWAYS
+
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            self.poll()
-            tensors = _tensors(args, kwargs)
-            group = _group_name(kwargs.get("group"))
-            record = {"op": name, "group": group, "seq": next(self._seq[group]),
-                      "sizes": [list(t.shape) for t in tensors[:4]],
-                      "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else None,
-                      "state": "started", "duration_ns": 0}
-            is_async = bool(kwargs.get("async_op")) or name in ("isend", "irecv")
-            if is_async:
-                record["state"] = "scheduled"
-            bus.emit(Event.COLLECTIVE, dict(record))
+            try:
+                group = spec.get(spec.group, args, kwargs)
+                if group is not None and c10d._rank_not_in_group(group):
+                    return original(*args, **kwargs)  # a no-op on this rank: nothing to line up
+                record = _record(name, group, spec, args, kwargs, groups, seqs)
+                is_async = always_async or bool(spec.get(spec.async_op, args, kwargs))
+                record["state"] = "scheduled" if is_async else "started"
+                bus.emit(Event.COLLECTIVE, dict(record))
+            except Exception as exc:
+                report_internal_error(f"collective {name}", exc)
+                return original(*args, **kwargs)
             start = time.perf_counter_ns()
-            result = original(*args, **kwargs)
-            if is_async and result is not None:
-                self._pending.append((result, record, start))
-            else:
+            try:
+                result = original(*args, **kwargs)
+            except BaseException as exc:
+                bus.emit(Event.COLLECTIVE, {**record, "state": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                            "duration_ns": time.perf_counter_ns() - start})
+                raise
+            if not is_async or result is None:
                 bus.emit(Event.COLLECTIVE, {**record, "state": "completed",
                                             "duration_ns": time.perf_counter_ns() - start})
+            else:
+                _on_completion(result, record, start)
             return result
 
         return collective
-
-    def poll(self) -> None:
-        """Publish ``completed`` for async work that has finished since the last poll."""
-        if not self._pending:
-            return
-        still = []
-        for work, record, start in self._pending:
-            if work.is_completed():
-                bus.emit(Event.COLLECTIVE, {**record, "state": "completed",
-                                            "duration_ns": time.perf_counter_ns() - start})
-            else:
-                still.append((work, record, start))
-        self._pending = still
 
     def remove(self) -> None:
         for name, original in self._originals.items():
@@ -109,3 +175,42 @@ class CollectiveHooks:
             if getattr(dist, name, None) is wrapped:
                 setattr(dist, name, original)
         self._originals = {}
+        self._ddp.remove()
+
+
+def _record(name: str, group: Any, spec: _Args, args: tuple[Any, ...], kwargs: dict[str, Any], groups: _Groups,
+            seqs: defaultdict[str, itertools.count[int]]) -> dict[str, Any]:
+    tensors = _tensors(args, kwargs)
+    key = groups.name(group)
+    record: dict[str, Any] = {"op": name, "group": key}
+    members = groups.members(key, group)
+    if members is not None:
+        record["ranks"] = members
+    if spec.peer is not None:
+        peer = spec.get(spec.peer, args, kwargs)
+        me = dist.get_rank()
+        pair = "any" if peer is None else "-".join(str(r) for r in sorted((me, int(peer))))
+        key = f"{key}:p2p:{pair}"
+        record.update(group=key, peer="any" if peer is None else int(peer))
+    record.update(seq=next(seqs[key]), sizes=[list(t.shape) for t in tensors[:4]],
+                  dtype=str(tensors[0].dtype).removeprefix("torch.") if tensors else None, duration_ns=0)
+    return record
+
+
+def _on_completion(work: Any, record: dict[str, Any], start: int) -> None:
+    """Publish ``completed`` (or ``failed``) when ``work`` completes, from its future's callback."""
+
+    def done(future: Any) -> None:
+        elapsed = time.perf_counter_ns() - start
+        try:
+            future.value()
+        except Exception as exc:  # the collective failed (a peer died, a timeout)
+            bus.emit(Event.COLLECTIVE, {**record, "state": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                        "duration_ns": elapsed})
+            return
+        bus.emit(Event.COLLECTIVE, {**record, "state": "completed", "duration_ns": elapsed})
+
+    try:
+        work.get_future().add_done_callback(done)
+    except Exception as exc:  # a backend without futures: the record stays ``scheduled``
+        report_internal_error("collective completion callback", exc)

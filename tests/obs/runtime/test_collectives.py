@@ -33,3 +33,100 @@ def test_collectives_are_recorded_with_sequence_state_and_timing(tmp_path):
     first = records[1]
     assert first["sizes"] == [[4, 3]] and first["dtype"] == "float32" and first["duration_ns"] > 0
     assert first["group"] == "default"
+
+
+def _records_of(run, tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    records = []
+    try:
+        with obs.subscribe(obs.Event.COLLECTIVE, records.append):
+            run()
+    finally:
+        dist.destroy_process_group()
+    return records
+
+
+def test_a_group_passed_by_position_is_that_group_with_its_own_sequence(tmp_path):
+    def run():
+        sub = dist.new_group([0])
+        t = torch.ones(3)
+        dist.all_reduce(t, dist.ReduceOp.SUM, sub)  # group by position
+        dist.broadcast(t, 0, group=sub)
+        dist.all_reduce(t, dist.ReduceOp.SUM, dist.group.WORLD)  # the world group by position is "default"
+        dist.all_reduce(t, group=dist.distributed_c10d._get_default_group())
+
+    done = [(r["op"], r["group"], r.get("ranks"), r["seq"]) for r in _records_of(run, tmp_path)
+            if r["state"] == "completed"]
+    sub = done[0][1]
+    assert sub != "default" and done == [("all_reduce", sub, "0", 1), ("broadcast", sub, "0", 2),
+                                         ("all_reduce", "default", None, 1), ("all_reduce", "default", None, 2)]
+
+
+def test_async_work_is_completed_by_its_future_not_by_the_next_call(tmp_path):
+    records, after_wait = [], []
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with obs.subscribe(obs.Event.COLLECTIVE, records.append):
+            dist.all_reduce(torch.ones(2), async_op=True).wait()
+            after_wait = [r["state"] for r in records]
+    finally:
+        dist.destroy_process_group()
+    assert after_wait == ["scheduled", "completed"]  # no later call needed
+    assert records[1]["duration_ns"] > 0 and records[1]["seq"] == records[0]["seq"] == 1
+
+
+def test_a_collective_that_raises_is_recorded_failed(tmp_path):
+    raised = []
+
+    def run():
+        try:
+            dist.all_reduce(torch.ones(2), "not an op")
+        except Exception as exc:
+            raised.append(exc)
+
+    records = _records_of(run, tmp_path)
+    assert raised and [r["state"] for r in records] == ["started", "failed"]
+    assert type(raised[0]).__name__ in records[1]["error"]
+
+
+def test_ddp_gradient_buckets_are_all_reduced_on_record_and_a_user_hook_takes_over(tmp_path):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    calls = []
+
+    def user_hook(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    def run():
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(4, 2)
+        ddp = DDP(torch.nn.Linear(4, 2))
+        ddp.module.load_state_dict(plain.state_dict())
+        x = torch.randn(3, 4)
+        ddp(x).sum().backward()
+        plain(x).sum().backward()
+        for a, b in zip(ddp.parameters(), plain.parameters()):
+            assert torch.equal(a.grad, b.grad)  # the relay reduces as DDP does without a hook
+        marks.append(len(records))
+        ddp.register_comm_hook(None, user_hook)
+        ddp(x).sum().backward()
+        try:
+            ddp.register_comm_hook(None, user_hook)
+        except RuntimeError as exc:
+            second.append(str(exc))
+
+    marks, second, records = [], [], []
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with obs.subscribe(obs.Event.COLLECTIVE, records.append):
+            run()
+    finally:
+        dist.destroy_process_group()
+    assert DDP.__init__.__module__ == "torch.nn.parallel.distributed"  # the class is put back
+    buckets = [r for r in records[:marks[0]] if r["op"] == "all_reduce"]
+    assert [r["state"] for r in buckets] == ["scheduled", "completed"] and buckets[1]["sizes"] == [[10]]
+    assert calls == [0] and [r["state"] for r in records[marks[0]:] if r["op"] == "all_reduce"] == \
+        ["scheduled", "completed"]
+    assert second and "only be called once" in second[0]

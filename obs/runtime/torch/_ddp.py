@@ -1,0 +1,109 @@
+"""DDP's gradient-bucket all_reduces, which its C++ reducer issues behind the Python collectives, on record.
+
+While installed, each ``DistributedDataParallel`` built gets one Python communication hook, a
+relay: by default it runs PyTorch's own ``allreduce_hook`` (divide by the group size, all_reduce:
+what the reducer does with no hook, the same numbers), whose ``dist.all_reduce(async_op=True)``
+the collective wrappers record, completed by its future.
+
+The reducer takes one hook per model, once.  So a hook the user registers later
+(``register_comm_hook``, or a built-in one) replaces the relay's default instead of failing: the
+relay calls the user's hook (whose Python collectives are recorded as any others).  A model that
+already has a hook when it is built (DDP's mixed-precision hook), or reduces in Python (compiled
+autograd), is left alone.  ``remove()`` puts the class back; models built meanwhile keep their relay,
+which then only calls the default hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from obs._core.internal import report_internal_error
+
+__all__ = ["DdpHooks"]
+
+
+class _Relay:
+    """The hook DDP calls per bucket: the user's hook if they registered one, else the default all_reduce."""
+
+    __slots__ = ("hook", "state", "taken")
+
+    def __init__(self, process_group: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        self.hook, self.state = allreduce_hook, process_group
+        self.taken = False  #: the user registered a hook (a second one fails in the reducer, as without obs)
+
+    def take(self, hook: Any, state: Any) -> None:
+        self.hook, self.state, self.taken = hook, state, True
+
+    def __call__(self, _state: Any, bucket: Any) -> Any:
+        return self.hook(self.state, bucket)
+
+
+class DdpHooks:
+    """Patches ``DistributedDataParallel`` (construction and hook registration) until ``remove()``."""
+
+    def __init__(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        self._cls = DDP
+        self._saved = {name: DDP.__dict__[name] for name in ("__init__", "register_comm_hook",
+                                                             "_register_builtin_comm_hook")}
+        init, register, builtin = (self._saved[n] for n in ("__init__", "register_comm_hook",
+                                                           "_register_builtin_comm_hook"))
+
+        def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:
+            init(ddp, *args, **kwargs)
+            try:
+                _install_relay(ddp)
+            except Exception as exc:  # our bug: the model trains without its buckets on record
+                report_internal_error("DDP communication hook", exc)
+
+        def register_comm_hook(ddp: Any, state: object, hook: Any) -> None:
+            relay = ddp.__dict__.get("_obs_relay")
+            if relay is None or relay.taken:
+                return register(ddp, state, hook)
+            ddp._check_comm_hook(hook)
+            ddp.logger._set_comm_hook_name(hook.__qualname__)
+            ddp._comm_hooks.append((hook, state))
+            relay.take(hook, state)
+            return None
+
+        def _register_builtin_comm_hook(ddp: Any, comm_hook_type: Any) -> None:
+            relay = ddp.__dict__.get("_obs_relay")
+            if relay is None or relay.taken:
+                return builtin(ddp, comm_hook_type)
+            ddp.logger._set_comm_hook_name(str(comm_hook_type))
+            relay.take(_builtin(comm_hook_type), ddp.process_group)
+            return None
+
+        __init__.__wrapped__ = init  # type: ignore[attr-defined]
+        DDP.__init__ = __init__  # type: ignore[method-assign]
+        DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+        DDP._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign]
+
+    def remove(self) -> None:
+        for name, original in self._saved.items():
+            setattr(self._cls, name, original)
+        self._saved = {}
+
+
+def _install_relay(ddp: Any) -> None:
+    import torch.distributed as dist
+
+    reducer = getattr(ddp, "reducer", None)
+    if reducer is None or ddp._comm_hooks or getattr(ddp, "_use_python_reducer", False):
+        return
+    relay = _Relay(ddp.process_group)
+    dist._register_comm_hook(reducer, None, relay)
+    ddp._obs_relay = relay
+
+
+def _builtin(comm_hook_type: Any) -> Any:
+    """The Python twin of a C++ built-in hook."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if comm_hook_type == dist.BuiltinCommHookType.FP16_COMPRESS:
+        return default_hooks.fp16_compress_hook
+    return default_hooks.allreduce_hook
