@@ -212,9 +212,20 @@ def step() -> Iterator[int]:
 
 
 def steps(iterable: Iterable[T]) -> Iterator[T]:
-    """Yield the items of ``iterable`` (a DataLoader), each inside its own step."""
-    for item in iterable:
+    """Yield the items of ``iterable`` (a DataLoader), each inside its own step.
+
+    The wait for each item is the step's ``data`` phase (a PHASE event, when someone subscribes)."""
+    items, clock = iter(iterable), time.perf_counter_ns
+    while True:
+        began = clock()
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        waited = clock()
         tracker.begin(explicit=True)
+        if bus.has_subscribers(Event.PHASE):
+            bus.emit(Event.PHASE, "data", began, waited)
         try:
             yield item
         finally:

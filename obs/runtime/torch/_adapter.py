@@ -5,6 +5,7 @@
 - MODULE_ENTER / MODULE_EXIT → a wrapper of ``nn.Module.__call__`` with scope names.
 - OP → a dispatch mode on the subscribing thread.
 - COLLECTIVE → wrappers of the torch.distributed collectives.
+- PHASE → a wrapper of ``torch.autograd.backward``, optimizer step hooks, and the module wrapper (root calls).
 No subscriber, no hook: the bus (and the step tracker, for demands) tells the adapter whenever
 subscriptions change.
 """
@@ -63,6 +64,7 @@ class TorchAdapter:
         self._modules: ModuleHooks | None = None
         self._ops: OpInterceptor | None = None
         self._collectives: Any = None
+        self._phases: Any = None
         tracker.memory_probe = memory_stats
         self._unwatch = bus.watch(self._on_change)
         self._unwatch_demands = tracker.watch(self.sync)
@@ -72,7 +74,7 @@ class TorchAdapter:
     def installed(self) -> dict[str, bool]:
         """Which hook families are in place (for tests and ``obs demo``)."""
         return {"steps": bool(self._optim), "modules": self._modules is not None, "ops": self._ops is not None,
-                "collectives": self._collectives is not None}
+                "collectives": self._collectives is not None, "phases": self._phases is not None}
 
     def _on_change(self, event: Event) -> None:
         if event is not Event.SETTINGS_CHANGED:
@@ -91,7 +93,16 @@ class TorchAdapter:
                     handle.remove()
                 self._optim = []
 
-            want_modules = any(bus.has_subscribers(e) for e in MODULE_EVENTS)
+            want_phases = bus.has_subscribers(Event.PHASE)
+            if want_phases and self._phases is None:
+                from obs.runtime.torch._phases import PhaseHooks
+
+                self._phases = PhaseHooks()
+            elif not want_phases and self._phases is not None:
+                self._phases.remove()
+                self._phases = None
+
+            want_modules = want_phases or any(bus.has_subscribers(e) for e in MODULE_EVENTS)  # phases: root calls
             if want_modules and self._modules is None:
                 from obs.settings._context import get_context
 
@@ -136,6 +147,9 @@ class TorchAdapter:
             if self._collectives is not None:
                 self._collectives.remove()
                 self._collectives = None
+            if self._phases is not None:
+                self._phases.remove()
+                self._phases = None
 
 
 adapter = TorchAdapter()

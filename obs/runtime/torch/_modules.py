@@ -22,6 +22,7 @@ traceback (``pdb.post_mortem``) skip it too; ``sys._getframe()`` stacks still sh
 from __future__ import annotations
 
 import sys
+import time
 import weakref
 from typing import Any
 
@@ -100,6 +101,14 @@ def _fault(scope: str, error: BaseException) -> None:
         bus.emit(Event.FAULT, "module_error", scope, error)
 
 
+def _phase(handlers: tuple[Any, ...], began: int, ended: int) -> None:
+    for handler in handlers:
+        try:
+            handler("forward", began, ended)
+        except Exception as exc:
+            report_internal_error("PHASE handler", exc)
+
+
 class ModuleHooks:
     """Wraps ``nn.Module.__call__`` until ``remove()``; ``refresh()`` re-reads the handler tuples."""
 
@@ -107,6 +116,7 @@ class ModuleHooks:
         _scopes.clear()
         self.enter: tuple[Any, ...] = ()
         self.exit: tuple[Any, ...] = ()
+        self.phase: tuple[Any, ...] = ()
         self.refresh()
         hooks, original = self, torch.nn.Module.__call__
         self._original = original
@@ -117,15 +127,19 @@ class ModuleHooks:
         state = SUPPRESSION
         grad_enabled = torch.is_grad_enabled
         getframe = sys._getframe
+        clock = time.perf_counter_ns
 
         def obs_module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             if state.depth or is_compiling():
                 return original(module, *args, **kwargs)
             stack = state.stack
+            root = not stack
             scope = _scopes.get(id(module)) or _scope_of(module, stack, keep)
             stack.append(scope)
             if not tracker.in_step and grad_enabled():
                 tracker.auto_begin()
+            # A root call with grad enabled is the step's forward phase (PHASE subscribers: the profiler).
+            began = clock() if root and hooks.phase and grad_enabled() else 0
             for handler in hooks.enter:
                 try:
                     handler(scope, module)
@@ -151,6 +165,8 @@ class ModuleHooks:
                         handler(scope, module, error)
                     except Exception as exc:
                         report_internal_error("MODULE_EXIT handler", exc)
+                if began:
+                    _phase(hooks.phase, began, clock())
                 if error is not None:
                     _fault(scope, error)
                     error = None  # break the frame <-> traceback cycle
@@ -160,6 +176,7 @@ class ModuleHooks:
     def refresh(self) -> None:
         self.enter = bus.handlers(Event.MODULE_ENTER)
         self.exit = bus.handlers(Event.MODULE_EXIT)
+        self.phase = bus.handlers(Event.PHASE)
 
     def remove(self) -> None:
         torch.nn.Module.__call__ = self._original  # type: ignore[method-assign]

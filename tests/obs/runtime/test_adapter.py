@@ -40,7 +40,8 @@ ORIGINAL_CALL = torch.nn.Module.__call__
 
 
 def test_no_subscriber_means_no_hook():
-    assert adapter.installed == {"steps": False, "modules": False, "ops": False, "collectives": False}
+    assert adapter.installed == {"steps": False, "modules": False, "ops": False, "collectives": False,
+                                 "phases": False}
     assert global_hook_counts() == (0, 0, 0, 0)
     assert torch.nn.Module.__call__ is ORIGINAL_CALL
 
