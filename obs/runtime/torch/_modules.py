@@ -101,6 +101,18 @@ def _fault(scope: str, error: BaseException) -> None:
         bus.emit(Event.FAULT, "module_error", scope, error)
 
 
+#: Called as ``hook(error, "module", scope, args, kwargs, module)`` when a module call raises (innermost first).
+failure_hooks: tuple[Any, ...] = ()
+
+
+def _failed(error: BaseException, scope: str, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+    for hook in failure_hooks:
+        try:
+            hook(error, "module", scope, args, kwargs, module)
+        except Exception as exc:
+            report_internal_error("module failure hook", exc)
+
+
 def _phase(handlers: tuple[Any, ...], began: int, ended: int) -> None:
     for handler in handlers:
         try:
@@ -154,6 +166,8 @@ class ModuleHooks:
                 return module._call_impl(*args, **kwargs)  # obs records this module's enter and exit
             except BaseException as exc:
                 error = exc
+                if failure_hooks:  # exception_dump: the innermost failing call, with its own arguments
+                    _failed(exc, scope, module, args, kwargs)
                 tb = exc.__traceback__
                 if tb is not None and tb.tb_frame is getframe():
                     exc.__traceback__ = tb.tb_next  # a bare raise adds no frame: this one leaves the traceback

@@ -26,6 +26,10 @@ def _emit(name: str, args: Any, kwargs: Any, duration_ns: int, error: BaseExcept
             report_internal_error("OP handler", exc)
 
 
+#: Called as ``hook(error, "op", name, args, kwargs)`` when an aten op raises.
+failure_hooks: tuple[Any, ...] = ()
+
+
 class OpInterceptor(TorchDispatchMode):
     """Times every aten op and publishes it; entered with ``install()``, left with ``remove()``."""
 
@@ -38,6 +42,11 @@ class OpInterceptor(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
+            for hook in failure_hooks:  # exception_dump: before FAULT, so the RDR bundle can name the dump
+                try:
+                    hook(exc, "op", name, args, kwargs)
+                except Exception as inner:
+                    report_internal_error("op failure hook", inner)
             _emit(name, args, kwargs, time.perf_counter_ns() - start, exc)
             if not getattr(exc, "_obs_fault_reported", False):
                 exc._obs_fault_reported = True  # type: ignore[attr-defined]
