@@ -6,10 +6,10 @@ and the README table all follow from it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from obs.profiling_options import ProfilingOptions
 from obs.settings._table import Option, OptionTable
 from obs.settings._validators import (Bool, Choice, Dict, ExistingFile, Int, Mapped, SaveGraphsLevel, Size, Str,
                                       Validator, fail, type_fail)
@@ -53,29 +53,6 @@ class GeOptions(Validator):
 
     def describe(self) -> str:
         return "dict: global, session"
-
-
-@dataclass(frozen=True)
-class ProfilingOptions(Validator):
-    """A plain word (the originals' default ``training_trace``) or a JSON object as text."""
-
-    def __call__(self, value: Any, name: str) -> str:
-        if not isinstance(value, str):
-            raise type_fail(name, "a str (a JSON object as text)", value)
-        if value.lstrip().startswith("{"):
-            try:
-                parsed = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise fail(name, f"valid JSON text (line {exc.lineno} column {exc.colno}: {exc.msg})",
-                           value) from None
-            if not isinstance(parsed, dict):
-                raise fail(name, "a JSON object", value)
-        elif not value:
-            raise fail(name, "a non-empty string", value)
-        return value
-
-    def describe(self) -> str:
-        return "str (JSON object text)"
 
 
 _ASCEND_CONFIG = Dict(
@@ -181,8 +158,10 @@ CONTEXT_OPTIONS = OptionTable("set_context", [
            deprecated="use torch.export; " + _NO_EFFECT),
     Option("enable_auto_mixed_precision", Bool(), False, "Automatic mixed precision.",
            deprecated="use torch.autocast; " + _NO_EFFECT),
-    Option("enable_profiling", Bool(), False, "Turn the profiler on."),
-    Option("profiling_options", ProfilingOptions(), "training_trace", "Profiler options as JSON text."),
+    Option("enable_profiling", Bool(), False, "Turn the profiler on: spans of steps and their phases (and modules, "
+           "ops) to OTLP or local trace files, built outside the training process.", effect="exporter process"),
+    Option("profiling_options", ProfilingOptions(), "training_trace", "Profiler levels joined by ':' "
+           "(training_trace, task_trace, op_trace) or JSON text {\"output\": \"/abs/dir\", \"task_trace\": \"on\"}."),
     Option("auto_tune_mode", Choice(("NO_TUNE", "RL", "GA", "RL,GA", "GA,RL")), "NO_TUNE", "Old auto-tuning mode.",
            deprecated="use 'aoe_tune_mode' instead"),
     Option("enable_sparse", Bool(), False, "Sparse tensors.", deprecated=_NO_EFFECT),

@@ -1,4 +1,4 @@
-"""``env_config_path``: the JSON file of the rdr/sys sections, its environment variables and precedence.
+"""``env_config_path``: the JSON file of the rdr/profiler/sys sections, its environment variables and precedence.
 
 Sections are option tables like ``set_context``'s; later features add sections and rows here.
 Precedence (one function, :func:`resolve`): defaults < ``MS_RDR_*`` environment < the file.
@@ -13,6 +13,7 @@ from typing import Any
 
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
 from obs.settings._table import Option, OptionTable
+from obs.profiling_options import Endpoint, Levels, Steps
 from obs.settings._validators import Bool, Choice, Dict, Int, Str, did_you_mean, json_words, show
 from recorder.layout import DEFAULT_CAPACITY, check_capacity
 
@@ -36,6 +37,24 @@ SECTIONS: dict[str, OptionTable] = {
                + ", ".join(f"{k}={v}" for k, v in _RING_DEFAULTS.items()) + "."),
         Option("hang_action", Choice(("dump", "abort")), "dump",
                "On a hang (op_timeout seconds without progress): dump and keep running, or dump and abort."),
+    ]),
+    "profiler": OptionTable("profiler", [
+        Option("enable", Bool(), False, "Turn the profiler on (as set_context(enable_profiling=True)): step, phase, "
+               "module and op spans, built and sent by an exporter process."),
+        Option("options", Levels(), "training_trace", "Levels joined by ':': training_trace (step and phase spans), "
+               "task_trace (+ module spans under forward), op_trace (+ the most expensive ops)."),
+        Option("output", _ABS, "", "Absolute folder of the local trace files (empty: ./obs_profile)."),
+        Option("endpoint", Endpoint(), "", "OTLP collector URL (empty: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT; with "
+               "neither, {output}/rank_{r}/traces.otlp.jsonl and trace.json)."),
+        Option("protocol", Choice(("", "grpc", "http/protobuf")), "", "OTLP protocol (empty: "
+               "OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, else http/protobuf)."),
+        Option("steps", Steps(), "", "Steps to trace: \"0-100|200\", \"500-\", N (every N-th step) or \"\" (all)."),
+        Option("span_budget", Int(min=5, max=10000), 50, "At most this many spans per step; the rest is aggregated "
+               "into its parent's attributes (counts and total times), never dropped silently."),
+        Option("module_depth", Int(min=1, max=64), 3, "task_trace: module spans down to this depth (1: root "
+               "modules)."),
+        Option("max_file_mb", Int(min=1, max=1 << 20), 100, "Local trace files are rotated at this size (MiB); "
+               "the 5 newest rotated files are kept."),
     ]),
     "sys": OptionTable("sys", [
         Option("mem_reuse", Bool(), True, "Reuse device memory between ops."),

@@ -19,9 +19,11 @@ def write(tmp_path, data, name="obs.json"):
 def test_full_file_is_read(tmp_path):
     path = write(tmp_path, {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path)}, "sys": {"mem_reuse": False}})
     obs.set_context(env_config_path=path)
-    assert obs.env_config() == {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path), "granularity": "module",
-                                        "capacity": {}, "hang_action": "dump"},
-                                "sys": {"mem_reuse": False}}
+    config = obs.env_config()
+    assert config.pop("profiler")["enable"] is False  # a section the file does not name keeps its defaults
+    assert config == {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path), "granularity": "module",
+                              "capacity": {}, "hang_action": "dump"},
+                      "sys": {"mem_reuse": False}}
 
 
 def test_docs_spelling_mem_Reuse_is_accepted(tmp_path):
@@ -79,6 +81,9 @@ def test_env_config_path_is_stored_as_real_path(tmp_path, monkeypatch):
 def test_resolve_without_file_gives_defaults():
     assert resolve(None, {}).as_dict() == {"rdr": {"enable": False, "mode": 1, "path": "", "granularity": "module",
                                                    "capacity": {}, "hang_action": "dump"},
+                                           "profiler": {"enable": False, "options": "training_trace", "output": "",
+                                                        "endpoint": "", "protocol": "", "steps": "", "span_budget": 50,
+                                                        "module_depth": 3, "max_file_mb": 100},
                                            "sys": {"mem_reuse": True}}
 
 

@@ -1,0 +1,172 @@
+"""The profiler's options: ``profiling_options`` (the originals' two forms), the env config ``profiler`` section,
+and the one :class:`ProfileRequest` both resolve to.
+
+``profiling_options`` is a plain string of levels joined by ``:`` (``"training_trace"``,
+``"training_trace:task_trace:op_trace"``) or a JSON object as text (``'{"output": "/abs/dir",
+"training_trace": "on", "task_trace": "on", "op_trace": "on"}'``).  The original's Ascend-only
+keys (``aicpu``, ``fp_point``, ``aic_metrics``, ...) are accepted and have no effect.  The file's
+``profiler`` section wins over the context keys for what it sets.  Light: no torch, no opentelemetry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from obs.settings._validators import Validator, did_you_mean, fail, type_fail
+
+__all__ = ["ASCEND_ONLY", "DEFAULT_OUTPUT", "LEVELS", "Endpoint", "Levels", "ProfileRequest", "ProfilingOptions",
+           "Steps", "parse_levels", "request"]
+
+LEVELS = ("training_trace", "task_trace", "op_trace")
+ASCEND_ONLY = ("aicpu", "fp_point", "bp_point", "aic_metrics", "hccl", "storage_limit", "profile_memory",
+               "profile_communication")
+DEFAULT_OUTPUT = "./obs_profile"
+
+
+def parse_levels(value: Any, name: str) -> tuple[str, ...]:
+    """``"training_trace:task_trace"`` → the levels in canonical order (training_trace always included)."""
+    if not isinstance(value, str):
+        raise type_fail(name, "levels joined by ':' such as 'training_trace:task_trace'", value)
+    parts = [p.strip() for p in value.split(":")]
+    for part in parts:
+        if part not in LEVELS:
+            raise fail(name, f"levels joined by ':', each one of {', '.join(LEVELS)}"
+                             f"{did_you_mean(part, LEVELS) if part else ''}", value)
+    return tuple(level for level in LEVELS if level in parts or level == "training_trace")
+
+
+def _json_options(text: str, name: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise fail(name, f"valid JSON text (line {exc.lineno} column {exc.colno}: {exc.msg})", text) from None
+    if not isinstance(parsed, dict):
+        raise fail(name, "a JSON object", text)
+    for key, value in parsed.items():
+        full = f"{name}.{key}"
+        if key in LEVELS:
+            if value not in ("on", "off"):
+                raise fail(full, "'on' or 'off'", value)
+        elif key == "output":
+            if not isinstance(value, str) or not value.startswith("/"):
+                raise fail(full, "an absolute folder path (starting with '/')", value)
+        elif key not in ASCEND_ONLY:
+            raise fail(name, f"a JSON object with keys among output, {', '.join(LEVELS)} (or the Ascend-only "
+                             f"{', '.join(ASCEND_ONLY)}){did_you_mean(key, (*LEVELS, 'output'))}", key)
+    return parsed
+
+
+@dataclass(frozen=True)
+class ProfilingOptions(Validator):
+    """The context key: levels joined by ':' or a JSON object as text (checked now, kept verbatim)."""
+
+    def __call__(self, value: Any, name: str) -> str:
+        if not isinstance(value, str):
+            raise type_fail(name, "a str (levels joined by ':' or a JSON object as text)", value)
+        if value.lstrip().startswith("{"):
+            _json_options(value, name)
+        elif not value:
+            raise fail(name, "a non-empty string", value)
+        else:
+            parse_levels(value, name)
+        return value
+
+    def describe(self) -> str:
+        return "str (levels joined by ':' or JSON object text)"
+
+
+@dataclass(frozen=True)
+class Levels(Validator):
+    """The ``profiler.options`` key: levels joined by ':'."""
+
+    def __call__(self, value: Any, name: str) -> str:
+        return ":".join(parse_levels(value, name))
+
+    def describe(self) -> str:
+        return "levels joined by ':' (" + ", ".join(LEVELS) + ")"
+
+
+@dataclass(frozen=True)
+class Steps(Validator):
+    """The ``profiler.steps`` key: ``"0-100|200"``, ``""`` (every step) or N (every N-th step)."""
+
+    def __call__(self, value: Any, name: str) -> Any:
+        from exporters.select import parse_steps
+
+        try:
+            parse_steps(value)
+        except ValueError as exc:
+            raise fail(name, f"steps such as \"0-100|200\" or a whole number N for every N-th step ({exc})",
+                       value) from None
+        return value
+
+    def describe(self) -> str:
+        return "\"0-100|200\" | N (every N-th step) | \"\" (all)"
+
+
+@dataclass(frozen=True)
+class Endpoint(Validator):
+    """``http(s)://host:port[/path]`` of an OTLP collector, or ``""``."""
+
+    def __call__(self, value: Any, name: str) -> str:
+        from urllib.parse import urlsplit
+
+        if not isinstance(value, str):
+            raise type_fail(name, "a URL such as 'http://localhost:4318'", value)
+        if value:
+            parts = urlsplit(value)
+            try:
+                port = parts.port
+            except ValueError:
+                port = -1
+            if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+                raise fail(name, "a URL such as 'http://localhost:4318' (http or https, a host, an optional port)",
+                           value)
+        return value
+
+    def describe(self) -> str:
+        return "URL (empty: OTEL_EXPORTER_OTLP_ENDPOINT, else local files)"
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """What the profiler does, resolved from the context keys and the env config file (None: profiling off)."""
+
+    levels: tuple[str, ...]
+    output: str
+    endpoint: str
+    protocol: str
+    steps: Any
+    span_budget: int
+    module_depth: int
+    max_file_mb: int
+
+
+def request(context: Mapping[str, Any], section: Mapping[str, Any], origins: Mapping[str, str]) -> \
+        ProfileRequest | None:
+    """``context``: enable_profiling / profiling_options in force; ``section``: the file's profiler section
+    values (with ``origins``: "default" or where a value came from)."""
+    from_file = {key for key, origin in origins.items() if origin != "default"}
+    enabled = section["enable"] if "enable" in from_file else bool(context.get("enable_profiling"))
+    if not enabled:
+        return None
+    text = context.get("profiling_options") or "training_trace"
+    output = ""
+    if text.lstrip().startswith("{"):
+        parsed = _json_options(text, "profiling_options")
+        levels = tuple(level for level in LEVELS if parsed.get(level) == "on" or level == "training_trace")
+        output = parsed.get("output", "")
+    else:
+        levels = parse_levels(text, "profiling_options")
+    if "options" in from_file:
+        levels = parse_levels(section["options"], "profiler.options")
+    if "output" in from_file or not output:
+        output = section["output"] or output
+    return ProfileRequest(levels=levels, output=os.path.abspath(output or DEFAULT_OUTPUT),
+                          endpoint=section["endpoint"], protocol=section["protocol"], steps=section["steps"],
+                          span_budget=section["span_budget"], module_depth=section["module_depth"],
+                          max_file_mb=section["max_file_mb"])
