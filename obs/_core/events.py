@@ -48,6 +48,8 @@ class Event(enum.Enum):
                       "is data (waiting for the batch in `obs.steps`), forward (a root module call with grad enabled), "
                       "backward (torch.autograd.backward) or optimizer (optimizer.step); times are "
                       "time.perf_counter_ns().")
+    OP_OUTPUT = EventSpec("op_output", ("name", "args", "kwargs", "output"), "An aten op returned `output` "
+                          "(after its OP event); subscribed by the data dump and the NaN check at op granularity.")
     GRAPH_COMPILED = EventSpec("graph_compiled", ("name", "graph_module", "example_inputs"), "`obs.compile` captured "
                                "a graph (a torch.fx.GraphModule) and is about to hand it to the backend.")
     MEMORY = EventSpec("memory", ("step", "stats"), "Memory at a step end, sampled at most every 50 ms: CUDA "

@@ -15,7 +15,8 @@ from obs.runtime.steps import tracker
 __all__ = ["TORCH_EVENTS", "install"]
 
 TORCH_EVENTS = frozenset({Event.STEP_BEGIN, Event.STEP_END, Event.MODULE_ENTER, Event.MODULE_EXIT, Event.OP,
-                          Event.MEMORY, Event.COLLECTIVE, Event.PHASE})
+                          Event.MEMORY, Event.COLLECTIVE, Event.PHASE,
+                          Event.OP_OUTPUT})
 
 
 def _load_adapter() -> None:

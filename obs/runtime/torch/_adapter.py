@@ -3,7 +3,7 @@
 - STEP_BEGIN / STEP_END / MEMORY, or a feature's ``tracker.require(...)`` (Print to file) → global
   optimizer step hooks (a step ends when optimizer.step returns; explicit ``obs.step()`` takes precedence).
 - MODULE_ENTER / MODULE_EXIT → a wrapper of ``nn.Module.__call__`` with scope names.
-- OP → a dispatch mode on the subscribing thread.
+- OP / OP_OUTPUT → a dispatch mode on the subscribing thread.
 - COLLECTIVE → wrappers of the torch.distributed collectives.
 - PHASE → a wrapper of ``torch.autograd.backward``, optimizer step hooks, and the module wrapper (root calls).
 No subscriber, no hook: the bus (and the step tracker, for demands) tells the adapter whenever
@@ -113,7 +113,7 @@ class TorchAdapter:
             if self._modules is not None:
                 self._modules.refresh()
 
-            want_ops = bus.has_subscribers(Event.OP)
+            want_ops = bus.has_subscribers(Event.OP) or bus.has_subscribers(Event.OP_OUTPUT)
             if want_ops and self._ops is None:
                 self._ops = OpInterceptor().install()
             elif not want_ops and self._ops is not None:

@@ -53,6 +53,11 @@ class OpInterceptor(TorchDispatchMode):
                 bus.emit(Event.FAULT, "op_error", name, exc)
             raise
         _emit(name, args, kwargs, time.perf_counter_ns() - start, None)
+        for handler in bus.handlers(Event.OP_OUTPUT):
+            try:
+                handler(name, args, kwargs, out)
+            except Exception as exc:
+                report_internal_error("OP_OUTPUT handler", exc)
         return out
 
     def install(self) -> OpInterceptor:
