@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from obs._core.errors import ObsError
 from obs.settings import _env_feature
 from obs.settings._context import get_context, snapshot
-from obs.settings.parallel import rank, world_size
+from obs.settings.parallel import agree_run_id, launcher_run_id, rank, world_size
 
 if TYPE_CHECKING:
     from recorder.recorder import RdrConfig, Recorder
@@ -33,7 +33,20 @@ if TYPE_CHECKING:
 
 __all__ = ["RdrFeature", "dump", "feature", "recorder", "recover", "start_from_environment"]
 
-_RUN_ID = os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12]
+#: this process's proposal for the job's run id, until the ranks agree on one (see :func:`_run_id`)
+_PROPOSAL = uuid.uuid4().hex[:12]
+_agreed: list[str] = []  # the agreed run id, once known
+
+
+def _run_id() -> tuple[str, bool]:
+    """(run id, whether it is the job's): the launcher's id, the one the ranks agreed on, or this process's
+    proposal until torch.distributed is up (torchrun says ``none`` without ``--rdzv-id``)."""
+    given = launcher_run_id()
+    if given is not None:
+        return given, True
+    if _agreed:
+        return _agreed[0], True
+    return _PROPOSAL, False
 
 
 def _versions() -> dict[str, str]:
@@ -63,6 +76,7 @@ class RdrFeature:
         self._lock = threading.RLock()
         self.recorder: Recorder | None = None
         self.triggers: Triggers | None = None
+        self._run_id_known = True
         _env_feature.feature.listeners.append(self.sync)
 
     def prepare(self, values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
@@ -106,22 +120,31 @@ class RdrFeature:
         from recorder.recorder import Recorder
         from recorder.triggers import Triggers
 
-        self.recorder = Recorder(config, rank=rank(), world_size=world_size(), run_id=_RUN_ID, settings=_settings,
+        run_id, self._run_id_known = _run_id()
+        self.recorder = Recorder(config, rank=rank(), world_size=world_size(), run_id=run_id, settings=_settings,
                                  versions=_versions(), rank_known=_rank_known())
         self.triggers = Triggers(self.recorder, mode=config.mode, op_timeout=config.op_timeout,
                                  hang_action=config.hang_action).install()
-        if not self.recorder.rank_known and self.check_rank not in tracker.at_boundary:
+        if (not self.recorder.rank_known or not self._run_id_known) and self.check_rank not in tracker.at_boundary:
             tracker.at_boundary = tracker.at_boundary + (self.check_rank,)
 
     def check_rank(self) -> None:
-        """Once torch.distributed is initialised, move a recorder started before it under its real rank."""
+        """Once torch.distributed is initialised: move a recorder started before it under its real rank, and
+        agree on the job's run id with the other ranks."""
         live = self.recorder
-        if live is None or live.rank_known:
+        if live is None or (live.rank_known and self._run_id_known):
             self._unhook_rank_check()
             return
         if _distributed_ready():
-            live.resolve_rank(rank(), world_size())
-            if live.rank_known:
+            if not self._run_id_known:
+                agreed = agree_run_id(_PROPOSAL)
+                if agreed is not None:
+                    _agreed[:] = [agreed]
+                    self._run_id_known = True
+                    live.set_run_id(agreed)
+            if not live.rank_known:
+                live.resolve_rank(rank(), world_size())
+            if live.rank_known and self._run_id_known:
                 self._unhook_rank_check()
 
     def _unhook_rank_check(self) -> None:

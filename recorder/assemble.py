@@ -47,7 +47,8 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
     manifest = {
         "schema_version": SCHEMA_VERSION, "reason": reason, "created_ns": time.time_ns(),
         "host": text("host") or socket.gethostname(), "pid": contents.header.pid, "rank": contents.header.rank,
-        "world_size": contents.header.world_size, "run_id": text("run_id"), "step": summary["step"],
+        "world_size": contents.header.world_size, "run_id": _agreed_run_id(contents) or text("run_id"),
+        "step": summary["step"],
         "granularity": text("granularity"), "versions": versions if isinstance(versions, dict) else {},
         "settings": settings or {},
         "dropped": contents.dropped, "recorded": {"events": int(len(contents.slots)) + len(contents.blobs)},
@@ -56,6 +57,14 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
         "exception": {k: exc[k] for k in ("type", "message", "where", "raised_in")} if exc else None,
     }
     return manifest, files
+
+
+def _agreed_run_id(contents: RingContents) -> str | None:
+    """The job's run id the ranks agreed on after the ring was made (a ``run_id`` marker), if any."""
+    for _seq, _t, kind, payload in reversed(contents.blobs):
+        if kind == "marker" and payload.get("marker") == "run_id" and isinstance(payload.get("run_id"), str):
+            return str(payload["run_id"])
+    return None
 
 
 def _json(data: Any) -> str:

@@ -368,8 +368,19 @@ class Recorder:
             report_internal_error("rdr settings snapshot", exc)
             return {}
 
+    def set_run_id(self, run_id: str) -> None:
+        """The job's run id, agreed by the ranks once torch.distributed is up: in the ring (for bundles, recovered
+        ones too) and in the marker."""
+        if run_id == self.run_id or self.ring.closed:
+            return
+        self.run_id = run_id
+        self.marker("run_id", run_id=run_id)
+        state, extra = self._marked
+        self._mark_quietly(state, **extra)
+
     def mark(self, state: str, **extra: Any) -> None:
         """The per-rank marker: whether and why this rank dumped."""
+        self._marked = (state, extra)
         data = {"state": state, "pid": self.pid, "rank": self.rank, "world_size": self.world_size,
                 "run_id": self.run_id, "dumps": [os.path.basename(p) for p in self.dumps],
                 "updated_ns": time.time_ns(), **extra}

@@ -257,3 +257,28 @@ def world_size() -> int:
     if "device_num" in _auto.values:
         return int(_auto.values["device_num"])
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+#: the key under which the ranks of a job agree on its run id (in the default process group's store)
+_RUN_ID_KEY = "obs/run_id"
+
+
+def launcher_run_id() -> str | None:
+    """The launcher's job id: ``TORCHELASTIC_RUN_ID``, unless torchrun's placeholder ``none`` (no ``--rdzv-id``)."""
+    value = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    return value if value and value.lower() != "none" else None
+
+
+def agree_run_id(proposal: str) -> str | None:
+    """One run id for every rank of the job, once torch.distributed is initialised (None before).
+
+    The first rank to ask writes ``proposal`` into the default group's store (an atomic
+    compare-and-set: no rank waits for another); every rank reads back the winner."""
+    dist = _distributed()
+    if dist is None:
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    value = store.compare_set(_RUN_ID_KEY, "", proposal)
+    return bytes(value).decode("utf-8", "replace") or proposal

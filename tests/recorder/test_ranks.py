@@ -58,4 +58,5 @@ def test_a_dead_peer_fails_the_collective_of_the_other_rank(tmp_path):
     (survivor,) = bundles(tmp_path, 0)
     assert (survivor.reason, survivor.rank, survivor.step) == ("exception", 0, 3)
     stuck, done = stuck_collectives(load_bundle(survivor.path))
-    assert [(e["state"], e["group_seq"]) for e in stuck] == [("started", 9)] and done == 8
+    assert [(e["state"], e["group_seq"]) for e in stuck] == [("started", 9), ("failed", 9)] and done == 8
+    assert stuck[1].get("error") is True
