@@ -51,7 +51,12 @@ class Event(enum.Enum):
     OP_OUTPUT = EventSpec("op_output", ("name", "args", "kwargs", "output"), "An aten op returned `output` "
                           "(after its OP event); subscribed by the data dump and the NaN check at op granularity.")
     GRAPH_COMPILED = EventSpec("graph_compiled", ("name", "graph_module", "example_inputs"), "`obs.compile` captured "
-                               "a graph (a torch.fx.GraphModule) and is about to hand it to the backend.")
+                               "a graph (a torch.fx.GraphModule) and is about to hand it to the backend; at "
+                               "save_graphs >= 2 also each graph after AOT autograd (`graph_module.meta['obs_stage']` "
+                               "says which: dynamo_capture, aot_forward, aot_backward, aot_inference, aot_joint).")
+    GRAPH_IR = EventSpec("graph_ir", ("name", "stage", "text"), "A graph in MindSpore's `.ir` text (obs.graphs): "
+                         "every graph obs.compile publishes, the eager trace graph and obs.dump_graph's; `stage` "
+                         "says which (dynamo_capture, aot_forward, aot_backward, trace, export, ...).")
     MEMORY = EventSpec("memory", ("step", "stats"), "Memory at a step end, sampled at most every 50 ms: CUDA "
                        "allocator statistics on GPU, process RSS on CPU.")
     COLLECTIVE = EventSpec("collective", ("record",), "A torch.distributed collective changed state "
