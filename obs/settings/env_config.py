@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
+from obs.dump.config import JsonObject, check_dump_section
 from obs.settings._table import Option, OptionTable
 from obs.profiling_options import Endpoint, Levels, Steps
 from obs.settings._validators import Bool, Choice, Dict, Int, Str, did_you_mean, json_words, show
@@ -58,6 +59,27 @@ SECTIONS: dict[str, OptionTable] = {
     ]),
     "sys": OptionTable("sys", [
         Option("mem_reuse", Bool(), True, "Reuse device memory between ops."),
+    ]),
+    "exception_dump": OptionTable("exception_dump", [
+        Option("enable", Bool(), False, "Save the inputs (and outputs) of the op or module that raises."),
+        Option("mode", Choice(("1", "2")), "2", "'1' inputs and outputs, '2' inputs only (as ascend_config's "
+               "exception_dump)."),
+        Option("path", _ABS, "", "Absolute folder (empty: the RDR path when the RDR is on, else the working "
+               "directory); dumps go to {path}/rank_{r}/exception_dump/."),
+    ]),
+    "nan_check": OptionTable("nan_check", [
+        Option("enable", Bool(), False, "Find the first module (or op) whose output or gradient holds NaN/Inf."),
+        Option("action", Choice(("continue", "raise")), "continue", "After recording and dumping the first "
+               "NaN/Inf: keep training, or raise FloatingPointError."),
+        Option("granularity", Choice(("module", "op")), "module", "Check module outputs (cheap) or every aten op."),
+        Option("backward", Bool(), True, "Check gradients in backward too."),
+        Option("path", _ABS, "", "Absolute folder of the dumps (empty: as exception_dump); they go to "
+               "{path}/rank_{r}/nan_check/."),
+    ]),
+    "dump": OptionTable("dump", [
+        Option("common_dump_settings", JsonObject(), {}, "The data dump's settings, as in MINDSPORE_DUMP_CONFIG's "
+               "JSON (dump_mode, path, net_name, iteration, saved_data, input_output, kernels, ...)."),
+        Option("e2e_dump_settings", JsonObject(), {}, "The data dump's e2e_dump_settings (enable, trans_flag, ...)."),
     ]),
 }
 
@@ -198,7 +220,7 @@ def _ring_fits(values: Mapping[str, Any]) -> str:
 
 
 #: Checks of a whole section after its keys passed: message, or "" when the section is fine.
-SECTION_CHECKS: dict[str, list[Any]] = {"rdr": [_ring_fits]}
+SECTION_CHECKS: dict[str, list[Any]] = {"rdr": [_ring_fits], "dump": [check_dump_section]}
 
 
 def show_json(value: Any) -> str:

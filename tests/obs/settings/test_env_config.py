@@ -21,6 +21,9 @@ def test_full_file_is_read(tmp_path):
     obs.set_context(env_config_path=path)
     config = obs.env_config()
     assert config.pop("profiler")["enable"] is False  # a section the file does not name keeps its defaults
+    for section in ("exception_dump", "nan_check"):
+        assert config.pop(section)["enable"] is False
+    assert config.pop("dump") == {"common_dump_settings": {}, "e2e_dump_settings": {}}
     assert config == {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path), "granularity": "module",
                               "capacity": {}, "hang_action": "dump"},
                       "sys": {"mem_reuse": False}}
@@ -84,7 +87,11 @@ def test_resolve_without_file_gives_defaults():
                                            "profiler": {"enable": False, "options": "training_trace", "output": "",
                                                         "endpoint": "", "protocol": "", "steps": "", "span_budget": 50,
                                                         "module_depth": 3, "max_file_mb": 100},
-                                           "sys": {"mem_reuse": True}}
+                                           "sys": {"mem_reuse": True},
+                                           "exception_dump": {"enable": False, "mode": "2", "path": ""},
+                                           "nan_check": {"enable": False, "action": "continue",
+                                                         "granularity": "module", "backward": True, "path": ""},
+                                           "dump": {"common_dump_settings": {}, "e2e_dump_settings": {}}}
 
 
 def test_every_problem_of_a_file_is_reported_at_once_in_json_words(tmp_path):
