@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rdr", help="post-mortem: Running Data Recorder bundles",
                        description="Post-mortem views of RDR bundles. --json: one JSON document for a single "
-                       "object (ls, show, recover), JSON lines (one record per line) for streams (events). "
+                       "object (ls, show, recover, analyze), JSON lines (one record per line) for streams "
+                       "(events). "
                        "Exit 1 when a bundle or ring is damaged (the others are still shown), 2 on bad input.")
     rsub = p.add_subparsers(dest="rdr_command", metavar="ACTION")
     rsub.required = True
@@ -91,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="machine-readable output (JSON lines: one event per line)")
     r = rsub.add_parser("recover", help="turn the rings of dead processes (SIGKILL, OOM, segfault) into bundles")
     r.add_argument("path", nargs="?", help="an rdr folder, a tree of them, or one ring file (default $MS_RDR_PATH "
+                   "or .)")
+    r.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    r = rsub.add_parser("analyze", help="line up the ranks of a job (their newest bundles) and name the culprit: "
+                        "the first collective they disagree on, ranks that raised or left no bundle, stragglers; "
+                        "exit 1 when one is found, 0 when consistent")
+    r.add_argument("path", nargs="?", help="the job's RDR root (the folder of rank_* folders; default $MS_RDR_PATH "
                    "or .)")
     r.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
@@ -190,6 +197,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             return view.run_show(args.bundle, last=args.last, as_json=args.json, all_threads=args.all_threads)
         if args.rdr_command == "events":
             return view.run_events(args.bundle, kinds=args.kind, last=args.last, as_json=args.json, step=args.step)
+        if args.rdr_command == "analyze":
+            from obs.cli._rdr_analyze_view import run_analyze
+
+            return run_analyze(args.path, as_json=args.json)
         return view.run_recover(args.path, as_json=args.json)
     if args.command == "run":
         from obs.cli._run import run_script
