@@ -1,0 +1,165 @@
+"""Follow a ring file as its writer fills it: new slots in seq order, gathered into finished steps.
+
+:class:`RingFollower` maps the file read-only and returns, per :meth:`poll`, the slots it had not
+returned before.  A slot is returned once it is settled: its seq was already visible at the previous
+poll (the writer finished it long since), or the writer is gone (``final=True``).  Slots overwritten
+before they were read are counted in :attr:`lost` (per ring): the exporter fell further behind than
+the ring holds.
+
+:class:`StepAssembler` turns slots into :class:`exporters.spans.StepRecord` objects: a step is
+finished when the next one begins, when nothing was written for ``settle_ns`` after its end, or at
+the final drain (a trainer that died mid-step gives an incomplete last step).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from typing import Any
+
+import numpy as np
+
+from exporters.spans import ModuleCall, OpCall, Phase, StepRecord
+from obs._core import safe_files
+from recorder.layout import SLOT, STRINGS_USED_AT, Header, Kind
+from recorder.ring_reader import SLOT_DTYPE
+
+__all__ = ["PHASE_NAMES", "RingFollower", "StepAssembler"]
+
+PHASE_NAMES = ("data", "forward", "backward", "optimizer")
+_U32 = struct.Struct("<I")
+
+
+class RingFollower:
+    """Reads ``path`` (a ring being written by another process) incrementally."""
+
+    def __init__(self, path: str) -> None:
+        fd = safe_files.open_private(path)
+        try:
+            size = os.fstat(fd).st_size
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self.path = path
+        self.header = Header.decode(self._mm, path=path)
+        self.strings: list[str] = []
+        self._strings_at = 0
+        self._last_idx = {r.name: 0 for r in self.header.rings}
+        self._settled_seq = 0
+        self.lost = {r.name: 0 for r in self.header.rings}
+
+    def wall(self, t: Any) -> Any:
+        return t + (self.header.wall_ns - self.header.mono_ns)
+
+    def _read_strings(self) -> None:
+        used = min(struct.unpack_from("<Q", self._mm, STRINGS_USED_AT)[0], self.header.strings.capacity)
+        base, at = self.header.strings.offset, self._strings_at
+        while at + 4 <= used:
+            (length,) = _U32.unpack_from(self._mm, base + at)
+            if at + 4 + length > used:
+                break
+            self.strings.append(bytes(self._mm[base + at + 4:base + at + 4 + length]).decode("utf-8", "replace"))
+            at += 4 + length
+        self._strings_at = at
+
+    def string(self, sid: int) -> str:
+        return self.strings[sid] if 0 <= sid < len(self.strings) else "?"
+
+    def poll(self, *, final: bool = False) -> np.ndarray:
+        """The settled slots not returned before, sorted by seq (``final``: every written slot)."""
+        self._read_strings()
+        parts, top = [], self._settled_seq
+        for region in self.header.rings:
+            slots = np.frombuffer(self._mm, SLOT_DTYPE, region.capacity, region.offset).copy()  # one snapshot
+            where = np.nonzero(slots["idx"] > np.uint64(self._last_idx[region.name]))[0]
+            if not len(where):
+                continue
+            new = slots[where]
+            top = max(top, int(new["seq"].max()))
+            # A slot sits at (idx - 1) % capacity; anything else is torn or damaged: skipped.
+            new = new[(new["seq"] > 0) & ((new["idx"] - np.uint64(1)) % np.uint64(region.capacity)
+                                          == where.astype(np.uint64))]
+            ready = new if final else new[new["seq"] <= np.uint64(self._settled_seq)]
+            if not len(ready):
+                continue
+            first, last = int(ready["idx"].min()), int(ready["idx"].max())
+            self.lost[region.name] += max(0, first - self._last_idx[region.name] - 1)
+            self._last_idx[region.name] = last
+            parts.append(ready)
+        self._settled_seq = top
+        if not parts:
+            return np.empty(0, SLOT_DTYPE)
+        merged = np.concatenate(parts)
+        return merged[np.argsort(merged["seq"], kind="stable")]
+
+    def close(self) -> None:
+        self._mm.close()
+
+
+assert SLOT_DTYPE.itemsize == SLOT.size
+
+
+class StepAssembler:
+    """Slots in, finished :class:`StepRecord` objects out (wall-clock ns)."""
+
+    def __init__(self, follower: RingFollower, *, settle_ns: int = 300_000_000) -> None:
+        self.f = follower
+        self.settle_ns = settle_ns
+        self.current: StepRecord | None = None
+        self.ended = False
+        self._open: list[tuple[int, int]] = []  # module enters: (scope id, t)
+        self.last_t = 0
+
+    def feed(self, slots: np.ndarray) -> list[StepRecord]:
+        """Steps finished by these slots."""
+        done: list[StepRecord] = []
+        if not len(slots):
+            return done
+        wall = self.f.wall(slots["t"].astype(np.int64))
+        kinds, a, b, c, d, flags = (slots[k].tolist() for k in ("kind", "a", "b", "c", "d", "flags"))
+        offset = self.f.header.wall_ns - self.f.header.mono_ns
+        for kind, ai, bi, ci, di, fl, t in zip(kinds, a, b, c, d, flags, wall.tolist()):
+            self.last_t = t
+            if kind == Kind.STEP_BEGIN:
+                if self.current is not None:
+                    done.append(self._finish(complete=self.ended))
+                self.current, self.ended = StepRecord(bi, t, t), False
+                self._open = []
+            elif self.current is None:
+                continue  # before the first step began (or between a lost begin and the next)
+            elif kind == Kind.STEP_END:
+                self.current.end_ns, self.ended = t, True
+            elif kind == Kind.PHASE:
+                name = PHASE_NAMES[ai] if 0 <= ai < len(PHASE_NAMES) else f"phase_{ai}"
+                self.current.phases.append(Phase(name, ci + offset, di + offset))
+            elif kind == Kind.MODULE_ENTER:
+                self._open.append((ai, t))
+            elif kind == Kind.MODULE_EXIT:
+                for i in range(len(self._open) - 1, -1, -1):
+                    if self._open[i][0] == ai:
+                        _, began = self._open.pop(i)
+                        self.current.modules.append(ModuleCall(self.f.string(ai), began, t, bool(fl & 1)))
+                        break
+            elif kind == Kind.OP:
+                self.current.ops.append(OpCall(self.f.string(ai), self.f.string(bi), t - ci, t, bool(fl & 1)))
+        return done
+
+    def idle(self, now_wall_ns: int) -> list[StepRecord]:
+        """A step that ended and was followed by nothing for ``settle_ns``: finished."""
+        if self.current is not None and self.ended and now_wall_ns - self.last_t >= self.settle_ns:
+            return [self._finish(complete=True)]
+        return []
+
+    def drain(self) -> list[StepRecord]:
+        """The writer is gone: whatever step is open is finished (incomplete if it never ended)."""
+        return [self._finish(complete=self.ended)] if self.current is not None else []
+
+    def _finish(self, *, complete: bool) -> StepRecord:
+        record, self.current = self.current, None
+        assert record is not None
+        if not complete:
+            record.complete = False
+            record.end_ns = max([record.end_ns, self.last_t] + [p.end_ns for p in record.phases])
+        self.ended = False
+        return record

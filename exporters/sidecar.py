@@ -1,0 +1,233 @@
+"""The exporter process: follows a trainer's profile ring, builds each step's spans, sends or writes them.
+
+``python -m exporters --config JSON`` (started by ``obs``; the JSON is :class:`ExportConfig`'s fields).
+It ends when the trainer closes its end of the stdin pipe, or dies however it dies (the pipe closes, the
+parent pid changes): it then reads what is left in the ring, which outlives the trainer, exports it,
+writes ``status_<trainer pid>.json`` (counts and the summary) and removes the ring.  Also runnable on
+a thread (:func:`run` with an ``alive`` callable) where no process can be started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["ExportConfig", "Exporter", "main", "run"]
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    ring: str
+    folder: str
+    levels: tuple[str, ...] = ("training_trace",)
+    endpoint: str = ""
+    protocol: str = ""
+    steps: Any = ""
+    span_budget: int = 50
+    module_depth: int = 3
+    max_file_mb: int = 100
+    trainer_pid: int = 0
+    poll_s: float = 0.1
+    flush_deadline_s: float = 2.0
+    keep_ring: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ExportConfig:
+        data = json.loads(text)
+        data["levels"] = tuple(data.get("levels", ("training_trace",)))
+        return cls(**data)
+
+
+@dataclass
+class Counts:
+    steps: int = 0
+    spans: int = 0
+    written: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+class Exporter:
+    """Ring → spans → OTLP sender or local files; :meth:`step` does one poll."""
+
+    def __init__(self, config: ExportConfig) -> None:
+        from exporters.follow import RingFollower, StepAssembler
+        from exporters.otlp import endpoint_from_env, protocol_from_env, resource
+        from exporters.select import parse_steps
+        from exporters.summary import SummaryBuilder
+
+        self.config = config
+        self.follower = RingFollower(config.ring)
+        header = self.follower.header
+        self.rank, self.world_size, self.run_id = header.rank, header.world_size, str(header.meta.get("run_id", ""))
+        self.assembler = StepAssembler(self.follower)
+        self.selection = parse_steps(config.steps)
+        self.summary = SummaryBuilder()
+        self.counts = Counts()
+        self.resource = resource(header.meta, rank=header.rank, world_size=header.world_size, pid=header.pid)
+        self.notes: list[str] = []
+        disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+        endpoint = config.endpoint or endpoint_from_env()
+        if endpoint and disabled:
+            self.notes.append(f"OTEL_SDK_DISABLED=true: nothing sent to {endpoint}; traces go to the local files")
+            endpoint = ""
+        self.endpoint = endpoint
+        self.protocol = config.protocol or protocol_from_env()
+        self.sender: Any = None
+        self.jsonl: Any = None
+        self.chrome: Any = None
+        if endpoint:
+            from exporters.otlp import OtlpSender
+
+            self.sender = OtlpSender(config.endpoint, self.protocol)
+        else:
+            from exporters.files import ChromeTraceWriter, OtlpJsonWriter
+
+            limit = config.max_file_mb << 20
+            self.jsonl = OtlpJsonWriter(config.folder, limit)
+            self.chrome = ChromeTraceWriter(config.folder, limit, rank=header.rank, pid=header.pid)
+        self._shown_drops = 0
+
+    def step(self, *, final: bool = False) -> None:
+        slots = self.follower.poll(final=final)
+        records = self.assembler.feed(slots)
+        records += self.assembler.drain() if final else self.assembler.idle(time.time_ns())
+        self._export(records)
+
+    def _export(self, records: list[Any]) -> None:
+        from exporters.otlp import readable_spans, request_json
+        from exporters.spans import build_spans
+
+        spans = []
+        for record in records:
+            if not self.selection.selected(record.step):
+                continue
+            built = build_spans(record, run_id=self.run_id, rank=self.rank, world_size=self.world_size,
+                                levels=self.config.levels, budget=self.config.span_budget,
+                                module_depth=self.config.module_depth)
+            self.summary.add(built)
+            self.counts.steps += 1
+            spans.extend(built)
+        self.counts.dropped["ring_overrun"] = sum(self.follower.lost.values())
+        if not spans:
+            return
+        self.counts.spans += len(spans)
+        readable = readable_spans(spans, self.resource)
+        if self.sender is not None:
+            self.sender.submit(readable)
+            return
+        try:
+            self.jsonl.write(request_json(readable))
+            self.chrome.write(spans)
+            self.counts.written += len(spans)
+        except OSError as exc:
+            self._drop("write_failed", len(spans), f"cannot write the trace files in {self.config.folder}: {exc}")
+        dropped = self.dropped_total()
+        if dropped != self._shown_drops:
+            self._shown_drops = dropped
+            try:
+                self.chrome.counter("obs.dropped_spans", spans[-1].end_ns, dropped)
+            except OSError:
+                pass
+
+    def _drop(self, why: str, n: int, message: str) -> None:
+        if not self.counts.dropped.get(why):
+            self.notes.append(message)
+        self.counts.dropped[why] = self.counts.dropped.get(why, 0) + n
+
+    def dropped(self) -> dict[str, int]:
+        out = dict(self.counts.dropped)
+        if self.sender is not None:
+            for key, value in self.sender.dropped.items():
+                out[key] = out.get(key, 0) + value
+        return {k: v for k, v in out.items() if v}
+
+    def dropped_total(self) -> int:
+        return sum(self.dropped().values())
+
+    def status(self, *, done: bool) -> dict[str, Any]:
+        files = [] if self.jsonl is None else self.jsonl.file.written + self.chrome.file.written
+        return {"done": done, "trainer_pid": self.config.trainer_pid, "rank": self.rank, "run_id": self.run_id,
+                "endpoint": self.endpoint, "protocol": self.protocol if self.endpoint else "", "files": files,
+                "steps": self.counts.steps, "spans": self.counts.spans,
+                "exported": self.sender.exported if self.sender is not None else self.counts.written,
+                "dropped": self.dropped(), "last_error": getattr(self.sender, "last_error", ""),
+                "notes": self.notes,
+                "summary": self.summary.result(dropped=self.dropped(), endpoint=self.endpoint).as_dict()}
+
+    def write_status(self, *, done: bool) -> None:
+        from obs._core import safe_files
+
+        path = os.path.join(self.config.folder, f"status_{self.config.trainer_pid}.json")
+        safe_files.write_atomic(path, json.dumps(self.status(done=done), indent=1), fsync=done)
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close(self.config.flush_deadline_s)
+        for writer in (self.jsonl, self.chrome):
+            if writer is not None:
+                writer.close()
+        self.write_status(done=True)
+        self.follower.close()
+        if not self.config.keep_ring:
+            try:
+                os.unlink(self.config.ring)
+            except FileNotFoundError:
+                pass
+
+
+def run(config: ExportConfig, alive: Callable[[float], bool]) -> Exporter:
+    """Export until ``alive(timeout)`` (which waits up to ``timeout`` seconds) says the trainer is gone."""
+    exporter = Exporter(config)
+    last_status = time.monotonic()
+    while alive(config.poll_s):
+        exporter.step()
+        if time.monotonic() - last_status > 2.0:
+            exporter.write_status(done=False)
+            last_status = time.monotonic()
+    exporter.step()  # what was written before the end, settled or not
+    exporter.step(final=True)
+    exporter.close()
+    return exporter
+
+
+def _trainer_alive(trainer_pid: int) -> Callable[[float], bool]:
+    """Alive while stdin (the trainer's pipe) is open and the trainer is still our parent."""
+    state = {"open": True}
+
+    def alive(timeout: float) -> bool:
+        if not state["open"]:
+            return False
+        ready, _, _ = select.select([0], [], [], timeout)
+        if ready and not os.read(0, 4096):
+            state["open"] = False
+        if trainer_pid and os.getppid() != trainer_pid:
+            state["open"] = False
+        return state["open"]
+
+    return alive
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "--config":
+        print("usage: python -m exporters --config JSON", file=sys.stderr)
+        return 2
+    config = ExportConfig.from_json(args[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's; we end when it does
+    stop = {"term": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("term", True))
+    alive = _trainer_alive(config.trainer_pid)
+    exporter = run(config, lambda timeout: not stop["term"] and alive(timeout))
+    for note in exporter.notes:
+        print(f"obs profiler: {note}", file=sys.stderr)
+    return 0

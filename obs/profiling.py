@@ -1,0 +1,159 @@
+"""The profiler, wired to the settings: ``enable_profiling`` / ``profiling_options`` and the env config
+``profiler`` section (see :mod:`obs.profiling_options`).
+
+While it is on, a :class:`obs.profiling_session.ProfileSession` records step, phase (and module, op)
+timings into its ring and an exporter process turns them into spans.  A change of settings (a
+hot reload is applied at a step boundary, on the training thread) ends the session in force (its
+exporter drains and ends on its own) and starts one for the new settings; switching off ends it.
+At exit the last session is closed and, with ``summary_at_exit``, its summary printed (``obs run`` /
+``obs demo`` turn that on) and a warning given when spans were dropped.  ``last_status()`` is
+what the exporter of the last closed session reported.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from obs.profiling_options import ProfileRequest, request
+from obs.settings import _env_feature
+from obs.settings._context import get_context
+
+if TYPE_CHECKING:
+    from obs.profiling_session import ProfileSession
+
+__all__ = ["ProfilerFeature", "ProfilerDropWarning", "feature", "last_status", "session"]
+
+logger = logging.getLogger("obs")
+
+
+class ProfilerDropWarning(UserWarning):
+    """Spans were dropped (the exporter fell behind the ring, the collector was down or slow, a full disk)."""
+
+
+class ProfilerFeature:
+    """Starts, restarts and stops the profiling session to match the settings in force."""
+
+    keys = frozenset({"enable_profiling", "profiling_options", "env_config_path"})
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.session: ProfileSession | None = None
+        self._closing: list[ProfileSession] = []  # switched off or replaced; exporters still draining
+        self.request: ProfileRequest | None = None
+        self.statuses: list[dict[str, Any]] = []
+        self.summary_at_exit = False
+        self._atexit = False
+        _env_feature.feature.listeners.append(self.sync)
+
+    def desired(self, values: Mapping[str, Any] | None = None) -> ProfileRequest | None:
+        cfg = _env_feature.feature.current()
+        context = values if values is not None else {k: get_context(k) for k in ("enable_profiling",
+                                                                                 "profiling_options")}
+        return request(context, cfg.values["profiler"], cfg.origins["profiler"])
+
+    def prepare(self, values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
+        return None
+
+    def commit(self, prepared: None, values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
+        self.sync()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def sync(self) -> None:
+        with self._lock:
+            want = self.desired()
+            if want == self.request:
+                return
+            self._retire()  # never waits on the training thread: its exporter drains and ends by itself
+            if want is not None:
+                self._start(want)
+
+    def _start(self, want: ProfileRequest) -> None:
+        from obs import rdr
+        from obs.profiling_session import ProfileSession
+        from obs.settings.parallel import rank, world_size
+
+        self.session = ProfileSession(want, rank=rank(), world_size=world_size(), run_id=_run_id(),
+                                      versions=rdr._versions())
+        self.request = want
+        if not self._atexit:
+            self._atexit = True
+            atexit.register(self._at_exit)
+
+    def _retire(self) -> None:
+        session, self.session, self.request = self.session, None, None
+        if session is not None:
+            session.close(wait_s=0.0)
+            self._closing.append(session)
+
+    def _stop(self) -> None:
+        """End every session and wait (bounded) for their exporters: reset_context and exit."""
+        self._retire()
+        closing, self._closing = self._closing, []
+        for session in closing:
+            status = session.close()
+            if status is not None:
+                self.statuses.append(status)
+                _warn_drops(status)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.RLock()
+        for live in [self.session, *self._closing]:
+            if live is not None:
+                live.detach()
+        self.session, self.request, self._closing = None, None, []
+        self.statuses = []
+        self.summary_at_exit = False
+
+    def _at_exit(self) -> None:
+        with self._lock:
+            had = self.session is not None or bool(self._closing)
+            self._stop()
+        if had and self.summary_at_exit and self.statuses:
+            from obs.cli._trace_view import print_exit_summary
+
+            print_exit_summary(self.statuses[-1])
+
+
+def _run_id() -> str:
+    """The job's run id as the recorder knows it (the launcher's, the ranks' agreed one, or this process's)."""
+    from obs import rdr
+
+    known = getattr(rdr, "_run_id", None)
+    return known()[0] if callable(known) else str(getattr(rdr, "_RUN_ID", ""))
+
+
+def _warn_drops(status: Mapping[str, Any]) -> None:
+    dropped = status.get("dropped") or {}
+    total = sum(dropped.values())
+    if not total:
+        return
+    where = status.get("endpoint") or "the local trace files"
+    detail = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in sorted(dropped.items()))
+    message = f"obs profiler dropped {total} spans sending to {where} ({detail})"
+    if status.get("last_error"):
+        message += f"; last error: {status['last_error']}"
+    logger.warning("%s", message)
+    warnings.warn(message, ProfilerDropWarning, stacklevel=2)
+
+
+feature = ProfilerFeature()
+os.register_at_fork(after_in_child=feature._after_fork)
+
+
+def session() -> ProfileSession | None:
+    """The profiling session in force, or None when profiling is off."""
+    return feature.session
+
+
+def last_status() -> dict[str, Any] | None:
+    """What the exporter of the last closed session reported (counts, drops, files, summary), or None."""
+    return feature.statuses[-1] if feature.statuses else None
