@@ -101,6 +101,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "or .)")
     r.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
+    p = sub.add_parser("trace", help="profiler traces: summary of a trace file or folder, re-export to a collector",
+                       description="Views of the profiler's output (trace.json, traces.otlp.jsonl, or the output "
+                       "folder, default ./obs_profile). Exit 1 when spans were dropped or a file is damaged, 2 on "
+                       "bad input.")
+    tsub = p.add_subparsers(dest="trace_command", metavar="ACTION")
+    tsub.required = True
+    t = tsub.add_parser("summary", help="step time p50/p90/p99/max, phase breakdown, top modules and ops, span and "
+                        "drop counts")
+    t.add_argument("path", nargs="?", default="obs_profile", help="a trace.json, a traces.otlp.jsonl or an output "
+                   "folder (default ./obs_profile)")
+    t.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    t = tsub.add_parser("export", help="re-send saved OTLP JSON lines to a collector (air-gapped clusters)")
+    t.add_argument("path", help="a traces.otlp.jsonl or an output folder")
+    t.add_argument("--endpoint", required=True, help="the collector, e.g. http://localhost:4318 (HTTP) or "
+                   "http://localhost:4317 (gRPC)")
+    t.add_argument("--protocol", choices=("http/protobuf", "grpc"), default="http/protobuf")
+    t.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+
     p = sub.add_parser("run", help="run a Python script with obs settings applied (like python -m cProfile)")
     p.set_defaults(usage_error=p.error)
     _settings_arguments(p)
@@ -202,6 +220,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             return run_analyze(args.path, as_json=args.json)
         return view.run_recover(args.path, as_json=args.json)
+    if args.command == "trace":
+        from obs.cli import _trace_view
+
+        if args.trace_command == "summary":
+            return _trace_view.run_summary(args.path, as_json=args.json)
+        return _trace_view.run_export(args.path, endpoint=args.endpoint, protocol=args.protocol, as_json=args.json)
     if args.command == "run":
         from obs.cli._run import run_script
 

@@ -170,6 +170,9 @@ def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, An
 
     # Registered before any obs exit handler, so it runs after them (a mode-2 bundle, the last fsync).
     atexit.register(say_what_obs_wrote)
+    from obs import profiling
+
+    profiling.feature.summary_at_exit = True  # the profile's summary at the end, when profiling is on
     apply_settings(config, sets)
     start = time.perf_counter()
     try:

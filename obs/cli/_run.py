@@ -41,6 +41,9 @@ def run_script(script: str, args: list[str], *, config: str | None, sets: list[t
         raise FileNotFoundError(f"script {script!r} does not exist")
     # Registered first, so it runs last: after the recorder's and the print sink's own exit handlers.
     atexit.register(say_what_obs_wrote)
+    from obs import profiling
+
+    profiling.feature.summary_at_exit = True  # the profile's summary at the end, when profiling is on
     apply_settings(config, sets)
     sys.argv = [script, *args]
     path = os.path.abspath(script)  # as `python script.py` sets __file__
