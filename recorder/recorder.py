@@ -307,6 +307,9 @@ class Recorder:
                 error._obs_rdr_dumped = True  # type: ignore[attr-defined]
             except AttributeError:
                 pass
+        pointer = getattr(error, "_obs_exception_dump", None)  # the exception dump of the same fault
+        if pointer:
+            fault = {**(fault or {}), "exception_dump": pointer}
         with self._dump_lock:
             self._dumping = me
             try:

@@ -1,0 +1,279 @@
+"""exception_dump: the inputs (and outputs) of the op or module that raised, saved where the failure happened.
+
+Armed by ``ascend_config={"exception_dump": "1"|"2"}`` or the env config's ``exception_dump``
+section.  Nothing is prepared per call: the module wrapper and the op dispatch mode call
+:meth:`ExceptionDump.on_failure` only when an exception passes through them, innermost first, with
+the failing call's own arguments (the stack of calls in flight *is* Python's stack).  So:
+
+* module granularity (the default): the innermost module whose forward did not return;
+* op granularity, whenever op interception is on for another feature (RDR ``op``, data dump):
+  the aten op that raised, inside its module's scope;
+* backward: ``torch.autograd.backward`` / ``grad`` are wrapped; a failure names the autograd node
+  that raised (a custom Function's ``ctx``, or the node a message names), the forward module that
+  created it (module calls record autograd sequence numbers at enter and exit), and dumps what
+  autograd still holds: the gradients handed to the node and its saved tensors.
+
+The dump is written before the FAULT event, so the RDR bundle of the same fault names it
+(``fault.exception_dump``).  The exception itself is never touched beyond one attribute
+(``_obs_exception_dump``, the folder) and always propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from obs._core.events import Event, Subscription, bus
+from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.dump._tensors import tensors_in
+from obs.dump.capture import python_stack, write_capture
+from obs.runtime.steps import tracker
+from obs.settings.parallel import rank
+
+__all__ = ["ExceptionDump", "dump_of"]
+
+MODES = {"1": "inputs and outputs", "2": "inputs only"}
+_NODE_IN_MESSAGE = re.compile(r"Function '?(\w+)'? returned")
+_SPANS_KEPT = 1 << 14
+
+
+def dump_of(error: BaseException) -> str | None:
+    """The exception dump folder written for ``error``, if any."""
+    return getattr(error, "_obs_exception_dump", None)
+
+
+class ExceptionDump:
+    """Writes one capture per failing exception under ``{root}/rank_{r}/exception_dump/``."""
+
+    def __init__(self, mode: str, root: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"exception_dump mode must be one of {sorted(MODES)} (got {mode!r})")
+        self.mode, self.root = mode, root
+        self.written: list[str] = []
+        self._spans: deque[tuple[int, int, str]] = deque(maxlen=_SPANS_KEPT)
+        self._starts: list[int] = []
+        self._subs: list[Subscription] = []
+        self._backward: Any = None
+        self._grad: Any = None
+        self._lock = threading.Lock()
+
+    # -- install / remove ---------------------------------------------------------------------
+    def install(self) -> ExceptionDump:
+        from obs.runtime.torch import _modules, _ops
+
+        seq = torch._C._autograd._get_sequence_nr
+        starts, spans = self._starts, self._spans
+
+        def enter(scope: str, module: Any) -> None:
+            starts.append(seq())
+
+        def leave(scope: str, module: Any, error: Any) -> None:
+            if starts:
+                spans.append((starts.pop(), seq(), scope))
+
+        # The module wrapper (installed for these) is what reports failing modules with their arguments.
+        self._subs = [bus.subscribe(Event.MODULE_ENTER, enter), bus.subscribe(Event.MODULE_EXIT, leave)]
+        _modules.failure_hooks = _modules.failure_hooks + (self.on_failure,)
+        _ops.failure_hooks = _ops.failure_hooks + (self.on_failure,)
+        self._backward = _wrap(torch.autograd, "backward", self._on_backward_error)
+        self._grad = _wrap(torch.autograd, "grad", self._on_backward_error)
+        return self
+
+    def remove(self) -> None:
+        from obs.runtime.torch import _modules, _ops
+
+        for sub in self._subs:
+            sub.remove()
+        self._subs = []
+        _modules.failure_hooks = tuple(h for h in _modules.failure_hooks if h != self.on_failure)
+        _ops.failure_hooks = tuple(h for h in _ops.failure_hooks if h != self.on_failure)
+        for wrapper in (self._backward, self._grad):
+            if wrapper is not None:
+                wrapper.unwrap()
+        self._backward = self._grad = None
+
+    # -- forward failures ---------------------------------------------------------------------
+    def on_failure(self, error: BaseException, kind: str, name: str, args: Any, kwargs: Any,
+                   module: Any = None) -> None:
+        """An aten op (``kind`` "op", ``name`` its overload) or a module ("module", ``name`` its scope) raised
+        ``error`` when called with ``args``/``kwargs``; called innermost first."""
+        if not isinstance(error, Exception) or dump_of(error) is not None:
+            return  # KeyboardInterrupt is no failure; the innermost call is already dumped
+        if kind == "op":
+            stack = SUPPRESSION.stack
+            scope, op, folder = stack[-1] if stack else "", name, f"{stack[-1] if stack else ''}/{name}"
+        else:
+            scope, op, folder = name, type(module).__name__, name
+        meta = self._meta(error, kind, op, scope)
+        groups: list[tuple[str, Any]] = [("inputs", list(tensors_in(args, kwargs)))]
+        if module is not None:  # a module's own weights are inputs of its ops
+            groups.append(("parameters", list(_own_tensors(module))))
+        if self.mode == "1":  # outputs that exist: an op's out= tensors; a failing module returned nothing
+            out = (kwargs or {}).get("out") if kind == "op" else None
+            groups.append(("outputs", list(tensors_in((out,))) if out is not None else []))
+        self._write(error, folder, meta, groups, frame=sys._getframe(1))
+
+    # -- backward failures --------------------------------------------------------------------
+    def _on_backward_error(self, error: BaseException, roots: Any) -> None:
+        if not isinstance(error, Exception) or dump_of(error) is not None:
+            return
+        node, grads = _failing_node(error, roots)
+        name = node.name() if node is not None else _node_name(error) or "unknown"
+        module = self.module_of(node) if node is not None else ""
+        meta = self._meta(error, "backward", name, module)
+        meta.update(autograd_node=name, forward_module=module or None)
+        groups: list[tuple[str, Any]] = [("inputs", list(tensors_in(grads))), ("saved", list(_saved(node)))]
+        self._write(error, f"{module or 'backward'}/{name}", meta, groups, frame=sys._getframe(1))
+
+    def module_of(self, node: Any) -> str:
+        """Scope of the innermost module whose forward created autograd ``node`` ('' when none did)."""
+        try:
+            nr = node._sequence_nr()
+        except Exception:
+            return ""
+        best, best_span = "", None
+        for start, end, scope in self._spans:
+            if start <= nr < end and (best_span is None or end - start <= best_span):
+                best, best_span = scope, end - start
+        return best
+
+    # -- writing ------------------------------------------------------------------------------
+    def _meta(self, error: BaseException, kind: str, op: str, scope: str) -> dict[str, Any]:
+        return {"kind": kind, "op": op, "scope": scope, "step": tracker.step, "mode": self.mode,
+                "mode_meaning": MODES[self.mode], "rank": rank(),
+                "exception": {"type": type(error).__name__, "message": str(error)}}
+
+    def _write(self, error: BaseException, folder: str, meta: dict[str, Any], groups: Any, frame: Any) -> None:
+        meta["python_stack"] = python_stack(error, frame)
+        with self._lock, suppressed():
+            try:
+                path = write_capture(self.root, meta["rank"], "exception_dump", folder, meta, groups,
+                                     "exception dump")
+            except Exception as exc:
+                report_internal_error("exception_dump write", exc)
+                return
+        self.written.append(path)
+        try:
+            error._obs_exception_dump = path  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+
+
+class _Wrapper:
+    """``owner.name`` wrapped to report failures; unwrapping leaves a later wrapper in place (it is inert then)."""
+
+    def __init__(self, owner: Any, name: str, on_error: Any) -> None:
+        self.owner, self.name, self.active = owner, name, True
+        original = self.original = getattr(owner, name)
+        me, getframe = self, sys._getframe
+
+        def obs_autograd_call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                tb = exc.__traceback__
+                if tb is not None and tb.tb_frame is getframe():
+                    exc.__traceback__ = tb.tb_next  # this wrapper leaves the user's traceback
+                if me.active and not SUPPRESSION.depth:
+                    try:
+                        on_error(exc, args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
+                    except Exception as inner:
+                        report_internal_error("exception_dump backward", inner)
+                raise
+
+        self.wrapper = obs_autograd_call
+        setattr(owner, name, obs_autograd_call)
+
+    def unwrap(self) -> None:
+        self.active = False
+        if getattr(self.owner, self.name) is self.wrapper:
+            setattr(self.owner, self.name, self.original)
+
+
+def _wrap(owner: Any, name: str, on_error: Any) -> _Wrapper:
+    return _Wrapper(owner, name, on_error)
+
+
+def _own_tensors(module: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from module.named_parameters(recurse=False)
+    yield from module.named_buffers(recurse=False)
+
+
+def _node_name(error: BaseException) -> str | None:
+    match = _NODE_IN_MESSAGE.search(str(error))
+    return match.group(1) if match else None
+
+
+def _failing_node(error: BaseException, roots: Any) -> tuple[Any, Any]:
+    """(node, gradients handed to it): a custom Function's backward frame first, else the node a message names."""
+    backward_cls = torch.autograd.function.BackwardCFunction
+    tb = error.__traceback__
+    found: tuple[Any, Any] = (None, ())
+    while tb is not None:
+        local = tb.tb_frame.f_locals
+        candidate = local.get("self")
+        if isinstance(candidate, backward_cls):
+            found = (candidate, local.get("args", ()))
+        tb = tb.tb_next
+    if found[0] is not None:
+        return found
+    wanted = _node_name(error)
+    if wanted is None:
+        return None, ()
+    for node in _graph(roots):
+        if node.name() == wanted:
+            return node, ()
+    return None, ()
+
+
+def _graph(roots: Any, limit: int = 100_000) -> Iterator[Any]:
+    """Autograd nodes reachable from ``roots`` (tensors), breadth first, at most ``limit``."""
+    if isinstance(roots, torch.Tensor):
+        roots = (roots,)
+    queue = deque(t.grad_fn for t in (roots or ()) if isinstance(t, torch.Tensor) and t.grad_fn is not None)
+    seen: set[int] = set()
+    while queue and len(seen) < limit:
+        node = queue.popleft()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        for nxt, _ in node.next_functions:
+            if nxt is not None:
+                queue.append(nxt)
+
+
+def _saved(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors autograd still holds for ``node``: a custom Function's saved tensors and tensor attributes,
+    a built-in node's ``_saved_*`` fields.  Freed ones are skipped."""
+    if node is None:
+        return
+    if isinstance(node, torch.autograd.function.BackwardCFunction):
+        try:
+            for i, tensor in enumerate(node.saved_tensors):
+                yield f"ctx.saved_tensors[{i}]", tensor
+        except RuntimeError:
+            pass
+        for key, value in vars(node).items():
+            if isinstance(value, torch.Tensor):
+                yield f"ctx.{key}", value
+        return
+    for attr in dir(node):
+        if not attr.startswith("_saved_"):
+            continue
+        try:
+            value = getattr(node, attr)
+        except RuntimeError:  # already freed by the engine
+            continue
+        if isinstance(value, torch.Tensor):
+            yield attr.removeprefix("_"), value
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                if isinstance(item, torch.Tensor):
+                    yield f"{attr.removeprefix('_')}[{i}]", item
