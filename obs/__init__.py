@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from obs import device_context, dump, ops, rdr
+from obs import device_context, dump, graphs, ops, rdr
 from obs._core.errors import DeviceUnavailableError, ObsConfigError, ObsError
 from obs._core.events import Event, EventBus, HookValidationError, Subscription, bus
 from obs._core.internal import internal_error_counts
 from obs.printing import Print
 from obs.dump.feature import feature as _dump_feature
+from obs.graphs import dump_graph
 from obs.printing import feature as _print_feature
 from obs.runtime import _activation
 from obs.runtime._torch_settings import TorchSettings
@@ -32,9 +33,9 @@ __version__ = "0.1.0"
 __all__ = [
     "COMPATIBLE", "DEBUG", "DeviceUnavailableError", "Event", "EventBus", "GRAPH_MODE", "HookValidationError", "LAX",
     "ObsConfigError", "ObsConfigWarning", "ObsError", "PYNATIVE_MODE", "Print", "ParallelMode", "RELEASE", "STRICT",
-    "Subscription", "__version__", "bus", "compile", "device", "device_context", "dump", "env_config",
+    "Subscription", "__version__", "bus", "compile", "device", "device_context", "dump", "dump_graph", "env_config",
     "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "ops", "parse_print",
-    "rank", "rdr",
+    "graphs", "rank", "rdr",
     "reset_auto_parallel_context", "reset_context", "reset_ps_context", "set_auto_parallel_context",
     "set_context", "set_ps_context", "step", "steps", "subscribe", "world_size",
 ]
@@ -71,7 +72,9 @@ register_applier(TorchSettings())
 register_applier(_print_feature)
 register_applier(rdr.feature)
 register_applier(_dump_feature)
+register_applier(graphs.feature)
 _activation.install()
 rdr.start_from_environment()
+graphs.feature.from_environment()
 
 del annotations, TYPE_CHECKING  # the public namespace holds obs's names only

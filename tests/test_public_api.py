@@ -13,9 +13,9 @@ import recorder
 OBS_ALL = [
     "COMPATIBLE", "DEBUG", "DeviceUnavailableError", "Event", "EventBus", "GRAPH_MODE", "HookValidationError", "LAX",
     "ObsConfigError", "ObsConfigWarning", "ObsError", "PYNATIVE_MODE", "Print", "ParallelMode", "RELEASE", "STRICT",
-    "Subscription", "__version__", "bus", "compile", "device", "device_context", "dump", "env_config",
+    "Subscription", "__version__", "bus", "compile", "device", "device_context", "dump", "dump_graph", "env_config",
     "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "ops", "parse_print",
-    "rank", "rdr",
+    "graphs", "rank", "rdr",
     "reset_auto_parallel_context", "reset_context", "reset_ps_context", "set_auto_parallel_context",
     "set_context", "set_ps_context", "step", "steps", "subscribe", "world_size",
 ]

@@ -2,6 +2,12 @@
 
 The backend publishes GRAPH_COMPILED for every graph Dynamo captures (graph dumps and the
 recorder subscribe to it), then hands the graph to the real backend (inductor by default).
+At ``save_graphs`` >= 2 it also publishes the forward and backward graphs after AOT autograd (and,
+at 3, the joint graph before partitioning): inductor's are taken from its ``inner_compile``, an
+AOT-autograd backend's (``aot_eager``...) from its compilers, and any other backend is run behind
+AOT autograd with the inner backend compiling each graph.  Each graph's ``meta`` says what it is:
+``obs_stage`` (``dynamo_capture``, ``aot_forward``, ``aot_backward``, ``aot_inference``, ``aot_joint``),
+``obs_root`` (the compiled module's class), ``obs_parent`` (the Dynamo graph an AOT graph came from).
 """
 
 from __future__ import annotations
@@ -28,19 +34,30 @@ _counter_lock = threading.Lock()
 class ObsBackend:
     """A torch.compile backend: publish the captured graph, then delegate to ``inner``."""
 
-    def __init__(self, name: str, inner: str | Callable[..., Any] = "inductor") -> None:
+    def __init__(self, name: str, inner: str | Callable[..., Any] = "inductor", root: str | None = None) -> None:
         self.name = name
         self.inner = inner
+        self.root = root
         self.graphs = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         with _counter_lock:
             index = next(_counter)
         self.graphs += 1
+        name = f"{self.name}_{index}"
+        backend = self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", "custom")
+        gm.meta.update(obs_stage="dynamo_capture", obs_root=self.root, obs_backend=backend)
         with suppressed():
-            bus.emit(Event.GRAPH_COMPILED, f"{self.name}_{index}", gm, example_inputs)
+            bus.emit(Event.GRAPH_COMPILED, name, gm, example_inputs)
         inner = self.inner
-        if isinstance(inner, str):
+        from obs.graphs.feature import level
+
+        stages = level()
+        if stages >= 2:
+            from obs.runtime.torch._stages import staged
+
+            inner = staged(inner, name, gm, joint=stages >= 3)
+        elif isinstance(inner, str):
             from torch._dynamo import lookup_backend
 
             inner = lookup_backend(inner)
@@ -74,4 +91,5 @@ def compile(model_or_fn: F, *, backend: str | Callable[..., Any] = "inductor", *
     if get_context("mode") != GRAPH_MODE:
         return model_or_fn
     name = getattr(model_or_fn, "__name__", None) or type(model_or_fn).__name__
-    return torch.compile(model_or_fn, backend=ObsBackend(name, backend), **kwargs)  # type: ignore[return-value]
+    root = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else None
+    return torch.compile(model_or_fn, backend=ObsBackend(name, backend, root), **kwargs)  # type: ignore[return-value]

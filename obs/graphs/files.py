@@ -1,0 +1,125 @@
+"""Where graph files go and how they are named: one process-wide 4-digit counter, ``index.json``.
+
+``{save_graphs_path}[/rank_{r}]/{SSSS}_{stage}_{name}.ir`` (+ ``verbose_ir_files/`` at level 2, a
+``.dot`` taking the next number and an ``.svg`` beside it at level 3).  Every file is written through
+:mod:`obs._core.safe_files` (0600 files, 0700 folders, temp name + rename); names built from graph
+and module names keep to ``[A-Za-z0-9_.-]``, so nothing escapes the folder.  ``index.json`` lists
+every graph of this process: its files, stage, step and the compile that produced it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from obs._core import outputs, safe_files
+from recorder.bundle import safe_name
+
+__all__ = ["INDEX", "VERBOSE_DIR", "GraphFiles", "Written", "graph_folder", "next_number", "render_svg"]
+
+INDEX = "index.json"
+VERBOSE_DIR = "verbose_ir_files"
+_SVG_TIMEOUT_S = 60
+
+_counter = itertools.count()
+_counter_lock = threading.Lock()
+
+
+def next_number() -> int:
+    """The next value of the process-wide counter shared by every ``.ir`` and ``.dot`` (as in the original)."""
+    with _counter_lock:
+        return next(_counter)
+
+
+def graph_folder(base: str) -> str:
+    """``base``, or ``base/rank_{r}`` under distributed training (torch.distributed up, or more than one rank)."""
+    from obs.settings.parallel import rank, world_size
+
+    dist = sys.modules.get("torch.distributed")
+    distributed = dist is not None and dist.is_available() and dist.is_initialized()
+    if distributed or world_size() > 1:
+        return os.path.join(base, f"rank_{rank()}")
+    return base
+
+
+@dataclass
+class Written:
+    """The files of one graph, relative to the folder: ``ir``, ``verbose``, ``dot``, ``svg`` when written."""
+
+    graph: str
+    stage: str
+    files: dict[str, str] = field(default_factory=dict)
+    folder: str = ""
+
+    def paths(self) -> list[str]:
+        return [os.path.join(self.folder, f) for f in self.files.values()]
+
+
+class GraphFiles:
+    """Writes graphs into one folder and keeps its ``index.json`` current."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = os.path.abspath(folder)
+        self._lock = threading.Lock()
+        self._entries: list[dict[str, Any]] = []
+        self._noted = False
+
+    def write(self, *, graph: str, stage: str, name: str, level: int, text: str, verbose: str | None = None,
+              dot: str | None = None, meta: dict[str, Any] | None = None) -> Written:
+        """Write one graph's files for ``level`` (``verbose`` from 2, ``dot`` from 3) and index them."""
+        safe_files.ensure_dir(self.folder)
+        base = f"{safe_name(stage, 32)}_{safe_name(name)}"
+        number = next_number()
+        result = Written(graph, stage, folder=self.folder)
+        ir_name = f"{number:04d}_{base}.ir"
+        self._put(ir_name, text)
+        result.files["ir"] = ir_name
+        if level >= 2 and verbose is not None:
+            self._put(os.path.join(VERBOSE_DIR, ir_name), verbose)
+            result.files["verbose"] = os.path.join(VERBOSE_DIR, ir_name)
+        if level >= 3 and dot is not None:
+            dot_name = f"{next_number():04d}_{base}.dot"
+            self._put(dot_name, dot)
+            result.files["dot"] = dot_name
+            svg = render_svg(dot)
+            if svg is not None:
+                svg_name = dot_name[:-4] + ".svg"
+                self._put(svg_name, svg)
+                result.files["svg"] = svg_name
+        entry = {"number": number, "graph": graph, "stage": stage, "files": dict(result.files),
+                 "time_ns": time.time_ns(), **(meta or {})}
+        with self._lock:
+            self._entries.append(entry)
+            index = {"schema_version": 1, "pid": os.getpid(), "graphs": list(self._entries)}
+            safe_files.write_atomic(os.path.join(self.folder, INDEX), json.dumps(index, indent=1, default=str),
+                                    fsync=False)
+        if not self._noted:
+            self._noted = True
+            outputs.wrote("graph dumps", self.folder)
+        return result
+
+    def _put(self, relative: str, data: str | bytes) -> None:
+        path = os.path.join(self.folder, relative)
+        safe_files.ensure_dir(os.path.dirname(path))
+        safe_files.write_atomic(path, data, fsync=False)
+
+
+def render_svg(dot: str, *, fmt: str = "svg") -> bytes | None:
+    """``dot``'s rendering by Graphviz's ``dot`` program, or None where it is not installed (or fails)."""
+    program = shutil.which("dot")
+    if program is None:
+        return None
+    try:
+        done = subprocess.run([program, f"-T{fmt}"], input=dot.encode(), capture_output=True,
+                              timeout=_SVG_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 and done.stdout else None
