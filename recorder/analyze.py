@@ -7,8 +7,8 @@ Pure: a folder of ``rank_{r}/rdr`` trees in, an :class:`Analysis` out (the CLI r
   failed, no marker at all).
 * Collectives are matched by group and sequence number, as PyTorch's Flight Recorder analyzer
   does: the first sequence number where the member ranks disagree (one never reached it, or
-  ran a different op, size or dtype) is a :class:`Mismatch`, with the ranks on each side.  A
-  rank whose next collectives are the others' shifted by one skipped one.
+  ran a different op, size or dtype) is a :class:`Mismatch`, with the ranks on each side (the
+  smaller side is the culprit; a tie names both).
 * Stragglers: ranks behind the furthest rank in step or in the world group's sequence.
 * Ranks that raised, and whether in their own code (a first cause) or inside a collective that
   failed because a peer was gone (a consequence); the first NaN/Inf fault, where the NaN check
@@ -28,7 +28,6 @@ from recorder.recover import near
 
 __all__ = ["Analysis", "CollectiveRecord", "Mismatch", "RankState", "Straggler", "analyze"]
 
-_SKIP_LOOKAHEAD = 3  # collectives compared to tell a skipped one from a different one
 _SEND, _RECV = frozenset({"send", "isend"}), frozenset({"recv", "irecv"})
 
 
@@ -79,7 +78,7 @@ class Mismatch:
 
     group: str
     seq: int
-    kind: str  #: missing | skipped | op | size | dtype
+    kind: str  #: missing | op | size | dtype
     expected: str  #: what the majority ran
     sides: dict[str, list[int]]  #: what each side ran ("never reached it" for missing ranks) → its ranks
     culprits: list[int]
@@ -291,12 +290,6 @@ def _compare(group: str, seq: int, per_rank: dict[int, dict[int, CollectiveRecor
     majority = ordered[0]
     expected = present[majority[0]]
     sides = {present[rs[0]].describe(): rs for rs in ordered}
-    skipper = _skipped(seq, per_rank, ordered)
-    if skipper is not None:
-        return Mismatch(group, seq, "skipped", expected.describe(), sides, skipper, expected.step, first.t,
-                        f"rank(s) {_ranks(skipper)} skipped {group} collective #{seq} "
-                        f"({present[_other(ordered, skipper)[0]].describe()}): their #{seq} is the others' "
-                        f"#{seq + 1}")
     culprits = sorted(r for rs in ordered[1:] for r in rs) if len(majority) > len(ordered[1]) else \
         sorted(present)
     odd = present[ordered[1][0]]
@@ -305,23 +298,6 @@ def _compare(group: str, seq: int, per_rank: dict[int, dict[int, CollectiveRecor
     detail = "; ".join(f"rank(s) {_ranks(rs)} ran {present[rs[0]].describe()}" for rs in ordered)
     return Mismatch(group, seq, kind, expected.describe(), sides, culprits, expected.step, first.t,
                     f"{group} collective #{seq}: {kind} differs: {detail}")
-
-
-def _skipped(seq: int, per_rank: dict[int, dict[int, CollectiveRecord]], sides: list[list[int]]) -> list[int] | None:
-    """The side whose collectives from ``seq`` on are the other side's from ``seq + 1`` on (2 sides only)."""
-    if len(sides) != 2:
-        return None
-    for a, b in (sides[1], sides[0]), (sides[0], sides[1]):
-        ra, rb = per_rank[a[0]], per_rank[b[0]]
-        pairs = [(ra.get(seq + k), rb.get(seq + k + 1)) for k in range(_SKIP_LOOKAHEAD)]
-        pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
-        if pairs and all(x.signature() == y.signature() for x, y in pairs):
-            return sorted(a)
-    return None
-
-
-def _other(sides: list[list[int]], mine: list[int]) -> list[int]:
-    return next(rs for rs in sides if sorted(rs) != mine)
 
 
 def _stragglers(ranks: list[RankState], timelines: dict[int, dict[str, dict[int, CollectiveRecord]]]) \

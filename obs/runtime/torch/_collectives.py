@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -115,12 +116,20 @@ class _Groups:
         return known or None
 
 
+class _Inside(threading.local):
+    """Per thread: whether a wrapped collective is running (the ones it calls are not recorded again)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
 class CollectiveHooks:
     """Wraps the collectives (and DDP's construction) until ``remove()``."""
 
     def __init__(self) -> None:
         self._seq: defaultdict[str, itertools.count[int]] = defaultdict(lambda: itertools.count(1))
         self._groups = _Groups()
+        self._inside = _Inside()
         self._originals: dict[str, Any] = {}
         for name in OPS:
             original = getattr(c10d, name, None)
@@ -139,8 +148,12 @@ class CollectiveHooks:
         groups, seqs = self._groups, self._seq
         always_async = name in _ASYNC_ALWAYS
 
+        inside = self._inside
+
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
+            if inside.depth:  # called by another wrapped collective (send → isend): one record per call
+                return original(*args, **kwargs)
             try:
                 group = spec.get(spec.group, args, kwargs)
                 if group is not None and c10d._rank_not_in_group(group):
@@ -153,12 +166,15 @@ class CollectiveHooks:
                 report_internal_error(f"collective {name}", exc)
                 return original(*args, **kwargs)
             start = time.perf_counter_ns()
+            inside.depth = 1
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
                 bus.emit(Event.COLLECTIVE, {**record, "state": "failed", "error": f"{type(exc).__name__}: {exc}",
                                             "duration_ns": time.perf_counter_ns() - start})
                 raise
+            finally:
+                inside.depth = 0
             if not is_async or result is None:
                 bus.emit(Event.COLLECTIVE, {**record, "state": "completed",
                                             "duration_ns": time.perf_counter_ns() - start})

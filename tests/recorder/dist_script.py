@@ -1,0 +1,73 @@
+"""One rank of a gloo job under torchrun; a scenario goes wrong at step 3 (see test_dist.py).
+
+Usage: torchrun --nproc-per-node N dist_script.py CONFIG PIDS_DIR SCENARIO
+Each step: the gradients of a small net all_reduced (4 collectives), then the loss all_reduced and
+a stop flag broadcast from rank 0.
+
+clean: also a subgroup {0, last} passed by position, an async all_reduce, a send/recv pair.
+skip: the last rank skips step 3's loss all_reduce (it goes on to the broadcast).
+size: rank 1 all_reduces its loss as 2 numbers at step 3.
+raises: rank 1 raises in its data loading at step 3.
+kill: rank 1 SIGKILLs itself at step 3.
+ddp: the net is a DistributedDataParallel (its bucket all_reduces), no explicit gradient reduction.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+
+import obs
+
+config, pids, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+with open(os.path.join(pids, f"{os.getpid()}.pid"), "w") as fh:  # the test kills whatever is left
+    fh.write(str(rank))
+
+obs.set_context(env_config_path=config, op_timeout=2)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=6))
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+if scenario == "ddp":
+    net = torch.nn.parallel.DistributedDataParallel(net)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+sub = dist.new_group([0, world - 1])  # every rank makes every group, in the same order
+
+
+def load_batch(step):
+    if step == 3 and rank == 1 and scenario == "raises":
+        raise RuntimeError("rank 1 lost its data loader at step 3")
+    if step == 3 and rank == 1 and scenario == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return torch.randn(2, 4)
+
+
+for step in range(1, 5):
+    with obs.step():
+        loss = net(load_batch(step)).sum()
+        loss.backward()
+        if scenario != "ddp":
+            for p in net.parameters():
+                dist.all_reduce(p.grad)
+        opt.step()
+        opt.zero_grad()
+        total = loss.detach().reshape(1)
+        if scenario == "size" and step == 3 and rank == 1:
+            total = torch.cat([total, total])
+        if not (scenario == "skip" and step == 3 and rank == world - 1):
+            dist.all_reduce(total)
+        stop = torch.zeros(1)
+        dist.broadcast(stop, 0)
+        if scenario == "clean":
+            dist.all_reduce(total, dist.ReduceOp.MAX, sub)  # the group by position; a no-op off the group
+            dist.all_reduce(total, async_op=True).wait()
+            if rank == 0:
+                dist.send(total, 1)
+            elif rank == 1:
+                dist.recv(total, 0)
+dist.destroy_process_group()

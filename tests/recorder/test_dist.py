@@ -1,0 +1,175 @@
+"""Real gloo jobs under torchrun (2 and 3 ranks): every collective on record, and `obs rdr analyze` names the
+collective, its sequence number and the ranks on each side (dist_script.py holds the scenarios)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from obs.cli import main
+from recorder.analyze import analyze
+from recorder.bundle_reader import list_bundles, load_bundle
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "dist_script.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
+PER_STEP = 6  # default-group collectives per step: 4 gradients, the loss, the stop flag
+FIRST_OF_STEP_3 = 2 * PER_STEP + 1
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_leftovers(pids_dir):
+    """torchrun starts each worker in its own session: kill, by pid, any worker of this job still alive."""
+    for name in os.listdir(pids_dir):
+        pid = int(name.split(".")[0])
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"dist_script.py" not in fh.read():
+                    continue
+            os.kill(pid, signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+
+
+def torchrun(tmp_path, ranks, scenario, *, mode=1):
+    """Run the job; returns (torchrun's exit code, its output); no worker outlives it."""
+    config = tmp_path / "obs.json"
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "mode": mode}}))
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
+           str(_free_port()), "--monitor-interval", "0.2", SCRIPT, str(config), str(pids), scenario]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _kill_leftovers(pids)
+    return proc.returncode, out
+
+
+def collectives(tmp_path, rank):
+    bundle = load_bundle(list_bundles(str(tmp_path / "rdr" / f"rank_{rank}")).bundles[0].path)
+    with open(os.path.join(bundle.info.path, "collectives.jsonl")) as fh:
+        return bundle, [json.loads(line) for line in fh if line.strip()]
+
+
+def cli(capsys, *args):
+    code = main(["rdr", "analyze", *args])
+    return code, capsys.readouterr().out
+
+
+def test_a_clean_job_analyzes_consistent_with_subgroups_by_position_async_and_p2p(tmp_path, capsys):
+    code, out = torchrun(tmp_path, 3, "clean", mode=2)
+    assert code == 0, out
+    run_ids = set()
+    for rank in range(3):
+        bundle, records = collectives(tmp_path, rank)
+        assert bundle.info.reason == "normal_end"
+        run_ids.add(bundle.info.run_id)
+        done = [r for r in records if r["state"] == "completed"]
+        default = [r for r in done if " group=default " in r["desc"]]
+        assert [r["group_seq"] for r in default] == list(range(1, 4 * (PER_STEP + 1) + 1))  # + the async one
+        sub = [r for r in done if "ranks=0,2" in r["desc"]]
+        assert [r["group_seq"] for r in sub] == ([1, 2, 3, 4] if rank in (0, 2) else [])
+        assert all(r["desc"].startswith("all_reduce group=") and "dtype=float32" in r["desc"] for r in sub)
+        p2p = [r for r in done if ":p2p:0-1" in r["desc"]]
+        assert [r["group_seq"] for r in p2p] == ([1, 2, 3, 4] if rank < 2 else [])
+        assert not [r for r in records if r["state"] not in ("started", "scheduled", "completed")]
+        scheduled = [r["group_seq"] for r in records if r["state"] == "scheduled" and "group=default" in r["desc"]]
+        assert scheduled and all(any(d["group_seq"] == s for d in default) for s in scheduled)
+    assert len(run_ids) == 1 and run_ids != {"none"}  # torchrun gave "none": the ranks agreed on one
+    assert cli(capsys, str(tmp_path / "rdr"))[0] == 0
+    code, out = cli(capsys, str(tmp_path / "rdr"), "--json")
+    result = json.loads(out)
+    assert code == 0 and result["consistent"] and result["culprits"] == [] and result["world_size"] == 3
+    assert result["run_id"] in run_ids and result["verdict"].startswith("consistent")
+
+
+def test_ddp_bucket_all_reduces_are_on_record_and_consistent(tmp_path):
+    code, out = torchrun(tmp_path, 2, "ddp", mode=2)
+    assert code == 0, out
+    for rank in range(2):
+        _, records = collectives(tmp_path, rank)
+        buckets = [r for r in records if r["desc"].startswith("all_reduce group=default dtype=float32 sizes=[[49]]")]
+        # 4 steps, one bucket each (the net's 49 parameters), scheduled then completed by the work's future
+        assert [r["state"] for r in buckets] == ["scheduled", "completed"] * 4, records
+    result = analyze(str(tmp_path / "rdr"))
+    assert result.consistent and not result.mismatches, result.verdict
+
+
+def test_a_rank_that_skips_an_all_reduce_is_named(tmp_path, capsys):
+    code, out = torchrun(tmp_path, 3, "skip")
+    assert code != 0
+    result = analyze(str(tmp_path / "rdr"))
+    (first,) = [m for m in result.mismatches if m.group == "default"]
+    assert (first.seq, first.kind, first.step) == (FIRST_OF_STEP_3 + 4, "op", 3), result
+    assert first.sides == {"all_reduce float32 [[1]]": [0, 1], "broadcast float32 [[1]]": [2]}
+    assert result.culprits == [2]
+    code, out = cli(capsys, str(tmp_path / "rdr"))
+    assert code == 1 and "culprit rank(s): 2" in out and f"collective #{FIRST_OF_STEP_3 + 4}" in out
+
+
+def test_a_rank_with_a_mismatched_size_is_named(tmp_path, capsys):
+    code, out = torchrun(tmp_path, 3, "size")
+    assert code != 0
+    main(["rdr", "recover", str(tmp_path / "rdr")])  # a rank gloo aborted (SIGABRT) left its ring
+    capsys.readouterr()
+    result = analyze(str(tmp_path / "rdr"))
+    assert not result.no_bundle, result
+    (first,) = [m for m in result.mismatches if m.group == "default"]
+    assert (first.seq, first.kind, first.culprits) == (FIRST_OF_STEP_3 + 4, "size", [1]), result
+    assert first.sides == {"all_reduce float32 [[1]]": [0, 2], "all_reduce float32 [[2]]": [1]}
+    assert result.culprits == [1]
+
+
+def test_a_rank_that_raises_is_the_culprit_and_the_others_failed_in_the_collective(tmp_path):
+    code, out = torchrun(tmp_path, 3, "raises")
+    assert code != 0
+    result = analyze(str(tmp_path / "rdr"))
+    assert result.culprits == [1] and result.raised == [0, 1, 2], result
+    states = {s.rank: s for s in result.ranks}
+    assert "lost its data loader" in states[1].exception and not states[1].raised_in_collective
+    assert states[0].raised_in_collective and states[2].raised_in_collective
+    (first,) = [m for m in result.mismatches if m.group == "default"]
+    assert (first.seq, first.kind, first.sides["never reached it"]) == (FIRST_OF_STEP_3, "missing", [1])
+
+
+def test_a_rank_killed_by_sigkill_is_named_before_and_after_recover(tmp_path, capsys):
+    code, out = torchrun(tmp_path, 2, "kill")
+    assert code != 0
+    root = str(tmp_path / "rdr")
+    before = analyze(root)
+    assert before.no_bundle == [1] and before.culprits == [1]
+    assert "obs rdr recover" in before.ranks[1].note
+    code, out = cli(capsys, root)
+    assert code == 1 and "recover it with: obs rdr recover" in out
+    assert main(["rdr", "recover", root]) == 0
+    capsys.readouterr()
+    after = analyze(root)
+    assert after.ranks[1].recovered and after.culprits == [1]
+    (first,) = after.mismatches
+    assert (first.seq, first.kind, first.sides["never reached it"]) == (FIRST_OF_STEP_3, "missing", [1])
+    assert after.ranks[0].last_collective.seq == FIRST_OF_STEP_3
+
+
+def test_analyze_rejects_a_folder_without_rdr_files(tmp_path, capsys):
+    assert main(["rdr", "analyze", str(tmp_path)]) == 2
+    assert main(["rdr", "analyze", str(tmp_path / "missing")]) == 2
