@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from obs import device_context, dump, graphs, ops, rdr
+from obs import device_context, dump, graphs, ops, profiling, rdr
 from obs._core.errors import DeviceUnavailableError, ObsConfigError, ObsError
 from obs._core.events import Event, EventBus, HookValidationError, Subscription, bus
 from obs._core.internal import internal_error_counts
@@ -71,6 +71,7 @@ register_applier(_env_feature.feature)
 register_applier(TorchSettings())
 register_applier(_print_feature)
 register_applier(rdr.feature)
+register_applier(profiling.feature)
 register_applier(_dump_feature)
 register_applier(graphs.feature)
 _activation.install()
