@@ -92,6 +92,14 @@ def request_json(readable: Sequence[Any]) -> dict[str, Any]:
     return data
 
 
+def _env_int(name: str, default: int) -> int:
+    try:
+        value = int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
 def _b64_to_hex(text: str) -> str:
     import base64
 
@@ -101,8 +109,9 @@ def _b64_to_hex(text: str) -> str:
 class OtlpSender:
     """Sends batches of ReadableSpans from a thread; never blocks the caller; counts what it drops."""
 
-    def __init__(self, endpoint: str, protocol: str, *, max_batches: int = 64) -> None:
-        """``endpoint`` "" lets the SDK read OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT itself."""
+    def __init__(self, endpoint: str, protocol: str, *, max_spans: int | None = None) -> None:
+        """``endpoint`` "" lets the SDK read OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT itself; ``max_spans`` bounds the
+        spans waiting to be sent (default OTEL_BSP_MAX_QUEUE_SIZE, else 2048, as the SDK's batch processor)."""
         logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)  # we report drops ourselves
         if protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
@@ -116,7 +125,10 @@ class OtlpSender:
         else:
             raise ValueError(f"OTLP protocol {protocol!r} is not supported (grpc or http/protobuf)")
         self.endpoint, self.protocol = endpoint, protocol
-        self._queue: queue.Queue[list[Any] | None] = queue.Queue(max_batches)
+        self.max_spans = max_spans or _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
+        self._queue: queue.Queue[list[Any] | None] = queue.Queue()
+        self._queued = 0  # spans waiting (a batch larger than the bound is taken alone when nothing waits)
+        self._lock = threading.Lock()
         self.exported = 0
         self.dropped = {"queue_full": 0, "export_failed": 0, "shutdown": 0}
         self.last_error = ""
@@ -126,10 +138,12 @@ class OtlpSender:
     def submit(self, batch: list[Any]) -> None:
         if not batch:
             return
-        try:
-            self._queue.put_nowait(batch)
-        except queue.Full:
-            self.dropped["queue_full"] += len(batch)
+        with self._lock:
+            if self._queued and self._queued + len(batch) > self.max_spans:
+                self.dropped["queue_full"] += len(batch)
+                return
+            self._queued += len(batch)
+        self._queue.put_nowait(batch)
 
     def _run(self) -> None:
         from opentelemetry.sdk.trace.export import SpanExportResult
@@ -142,6 +156,8 @@ class OtlpSender:
                 result = self._exporter.export(batch)
             except Exception as exc:  # an exporter bug or a transport we did not expect: counted, not fatal
                 result, self.last_error = None, f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                self._queued -= len(batch)
             if result == SpanExportResult.SUCCESS:
                 self.exported += len(batch)
             else:
@@ -160,6 +176,8 @@ class OtlpSender:
                 break
             if batch is not None:
                 self.dropped["shutdown"] += len(batch)
+                with self._lock:
+                    self._queued -= len(batch)
         self._queue.put(None)
         self._thread.join(max(0.0, end - time.monotonic()))
         self._exporter.shutdown()  # interrupts a retry loop still running

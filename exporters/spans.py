@@ -159,7 +159,7 @@ def build_spans(record: StepRecord, *, run_id: str, rank: int, world_size: int, 
                                   {"ml.module.scope": module.scope, "ml.module.depth": module.depth}, module.error))
     skipped: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     by_id = {s.span_id: s for s in b.spans}
-    for module in record.modules:
+    for module in record.modules if "task_trace" in levels else ():
         if id(module) in chosen:
             continue
         aggregated += 1

@@ -130,7 +130,7 @@ def run_export(path: str, *, endpoint: str, protocol: str, as_json: bool) -> int
             raise FileNotFoundError(2, f"{path!r} holds no traces.otlp.jsonl file to export", path)
     else:
         paths = [path]
-    sender = OtlpSender(endpoint, protocol, max_batches=1 << 20)
+    sender = OtlpSender(endpoint, protocol, max_spans=1 << 30)
     total = 0
     for p in paths:
         read_otlp_jsonl(p)  # the whole file is checked before anything is sent
