@@ -119,6 +119,28 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--protocol", choices=("http/protobuf", "grpc"), default="http/protobuf")
     t.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
+    p = sub.add_parser("graph", help="graph/IR dumps (save_graphs): list, summarize, diff, render",
+                       description="Views of the .ir files save_graphs writes. --json: one JSON document. Exit 1 "
+                       "when a file is damaged, when diff finds differences, or when render has no Graphviz; 2 on "
+                       "bad input.")
+    gsub = p.add_subparsers(dest="graph_command", metavar="ACTION")
+    gsub.required = True
+    g = gsub.add_parser("ls", help="the graphs of a save_graphs folder (and its rank_* folders)")
+    g.add_argument("path", nargs="?", help="the folder (default $MS_DEV_SAVE_GRAPHS_PATH or .)")
+    g.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    g = gsub.add_parser("show", help="one graph: nodes by op, params and sizes, largest tensors, scope tree")
+    g.add_argument("file", help="an .ir file")
+    g.add_argument("--top", type=int, default=10, help="largest tensors shown (default 10)")
+    g.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    g = gsub.add_parser("diff", help="what changed between two graphs (recompilation debugging); exit 1 if any")
+    g.add_argument("a", help="the first .ir file")
+    g.add_argument("b", help="the second .ir file")
+    g.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    g = gsub.add_parser("render", help="render a .dot (or an .ir) to SVG/PNG with Graphviz's dot")
+    g.add_argument("file", help="a .dot or .ir file")
+    g.add_argument("-o", "--output", help="the image to write (default: FILE with the format's extension)")
+    g.add_argument("--format", choices=("svg", "png", "pdf"), default="svg")
+
     p = sub.add_parser("run", help="run a Python script with obs settings applied (like python -m cProfile)")
     p.set_defaults(usage_error=p.error)
     _settings_arguments(p)
@@ -226,6 +248,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.trace_command == "summary":
             return _trace_view.run_summary(args.path, as_json=args.json)
         return _trace_view.run_export(args.path, endpoint=args.endpoint, protocol=args.protocol, as_json=args.json)
+    if args.command == "graph":
+        from obs.cli import _graph_view as graph_view
+
+        if args.graph_command == "ls":
+            return graph_view.run_ls(args.path, as_json=args.json)
+        if args.graph_command == "show":
+            return graph_view.run_show(args.file, as_json=args.json, top=args.top)
+        if args.graph_command == "diff":
+            return graph_view.run_diff(args.a, args.b, as_json=args.json)
+        return graph_view.run_render(args.file, output=args.output, fmt=args.format)
     if args.command == "run":
         from obs.cli._run import run_script
 
