@@ -1,0 +1,212 @@
+"""Real trainers (subprocesses, real PyTorch) with the profiler on, their real exporter process, and a real OTLP
+receiver started by the tests (HTTP/protobuf and gRPC, decoding with the opentelemetry-proto classes)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+
+import pytest
+from google.protobuf.json_format import ParseDict
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tests.exporters.receiver import Receiver
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "train_script.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PHASES = ["data", "forward", "backward", "optimizer"]
+
+
+def train(tmp_path, args, env=None, timeout=180):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    clean["PYTHONPATH"] = ROOT
+    clean.update(env or {})
+    return subprocess.run([sys.executable, SCRIPT, json.dumps(args)], cwd=tmp_path, env=clean, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.stop()
+
+
+def traces(spans):
+    out = defaultdict(list)
+    for s in spans:
+        out[s["trace_id"]].append(s)
+    return out
+
+
+def check_step_trees(spans, steps, *, modules=False):
+    by_trace = traces(spans)
+    roots = sorted((s for s in spans if s["name"] == "step"), key=lambda s: s["attributes"]["ml.step"])
+    assert [s["attributes"]["ml.step"] for s in roots] == steps
+    for root in roots:
+        members = by_trace[root["trace_id"]]
+        ids = {s["span_id"]: s for s in members}
+        assert root["parent_id"] == ""
+        children = [s for s in members if s["parent_id"] == root["span_id"]]
+        assert [c["name"] for c in sorted(children, key=lambda c: c["start"])] == PHASES
+        for s in members:
+            assert root["start"] <= s["start"] <= s["end"] <= root["end"]
+            if s is not root:
+                assert s["parent_id"] in ids
+        if modules:
+            forward = next(c for c in children if c["name"] == "forward")
+            net = [s for s in members if s["name"] == "net-Sequential"]
+            assert len(net) == 1 and net[0]["parent_id"] == forward["span_id"]
+            assert {s["name"] for s in members if s["parent_id"] == net[0]["span_id"]} == \
+                {"0-Linear", "1-ReLU", "2-Sequential", "3-Linear"}
+            assert {s["attributes"]["ml.module.scope"] for s in members if "ml.module.scope" in s["attributes"]} >= \
+                {"Default/net-Sequential/2-Sequential/0-Linear", "Default/net-MSELoss"}
+        assert root["attributes"]["ml.rank"] == 0 and root["attributes"]["ml.world_size"] == 1
+
+
+def test_http_receiver_gets_one_trace_per_step_with_phases_modules_resource_and_headers(tmp_path, receiver):
+    url = receiver.start_http()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_EXPORTER_OTLP_HEADERS": "x-team=ml,authorization=Bearer t0k",
+           "OTEL_SERVICE_NAME": "trainer-7", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test,team=ml"}
+    out = train(tmp_path, {"steps": 20, "context": {"enable_profiling": True,
+                                                     "profiling_options": "training_trace:task_trace"}}, env)
+    assert out.returncode == 0, out.stderr
+    spans = receiver.spans()
+    check_step_trees(spans, list(range(1, 21)), modules=True)
+    assert set(receiver.paths) == {"/v1/traces"}
+    assert all(h.get("x-team") == "ml" and h.get("authorization") == "Bearer t0k" for h in receiver.headers)
+    resource = spans[0]["resource"]
+    assert resource["service.name"] == "trainer-7" and resource["deployment.environment"] == "test"
+    assert resource["ml.rank"] == 0 and resource["ml.framework"] == "pytorch" and resource["process.pid"] > 0
+    assert resource["ml.framework.version"].startswith("2.")
+    assert {s["scope"] for s in spans} == {"obs"}
+    per_step = Counter(s["trace_id"] for s in spans)
+    assert max(per_step.values()) <= 50
+    assert not (tmp_path / "obs_profile" / "rank_0" / "trace.json").exists()  # an endpoint: no local trace
+
+
+def test_grpc_receiver_through_the_env_config_profiler_section(tmp_path, receiver):
+    url = receiver.start_grpc()
+    config = tmp_path / "obs.json"
+    config.write_text(json.dumps({"profiler": {"enable": True, "endpoint": url, "protocol": "grpc",
+                                               "options": "training_trace:op_trace", "span_budget": 8,
+                                               "steps": "3-6|9"}}))
+    out = train(tmp_path, {"steps": 12, "config": str(config)}, {"OTEL_EXPORTER_OTLP_HEADERS": "x-grpc=yes"})
+    assert out.returncode == 0, out.stderr
+    spans = receiver.spans()
+    check_step_trees(spans, [3, 4, 5, 6, 9])
+    assert all(h.get("x-grpc") == "yes" for h in receiver.headers)
+    per_step = Counter(s["trace_id"] for s in spans)
+    assert set(per_step.values()) == {8}  # the budget, filled with the longest ops
+    roots = [s for s in spans if s["name"] == "step"]
+    assert all(r["attributes"]["obs.spans.aggregated"] > 0 for r in roots)
+    aggregated = [s for s in spans if "ml.ops.names" in s["attributes"]]
+    assert aggregated and all(len(s["attributes"]["ml.ops.names"]) == len(s["attributes"]["ml.ops.counts"])
+                              for s in aggregated)
+
+
+def test_local_files_parse_as_otlp_json_and_chrome_trace(tmp_path):
+    out = train(tmp_path, {"steps": 15, "context": {"enable_profiling": True, "profiling_options":
+                                                     '{"task_trace": "on", "op_trace": "on"}'}})
+    assert out.returncode == 0, out.stderr
+    folder = tmp_path / "obs_profile" / "rank_0"
+    assert sorted(p.name for p in folder.iterdir()) == ["status_" + json.loads(
+        next(folder.glob("status_*.json")).read_text())["trainer_pid"].__str__() + ".json", "trace.json",
+        "traces.otlp.jsonl"]  # the ring is gone once exported
+    steps = set()
+    for line in (folder / "traces.otlp.jsonl").read_text().splitlines():
+        doc = json.loads(line)
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for s in ss["spans"]:
+                    assert len(s["traceId"]) == 32 and len(s["spanId"]) == 16  # OTLP JSON: hex ids
+                    for key in ("traceId", "spanId", "parentSpanId"):
+                        if key in s:
+                            s[key] = base64.b64encode(bytes.fromhex(s[key])).decode()
+                    steps.update(a["value"]["intValue"] for a in s["attributes"] if a["key"] == "ml.step")
+        request = ParseDict(doc, ExportTraceServiceRequest())  # the protobuf JSON mapping, every field known
+        assert request.resource_spans[0].scope_spans[0].spans
+    assert steps == {str(i) for i in range(1, 16)}  # int64 is a string in the JSON mapping
+    events = json.loads((folder / "trace.json").read_text())
+    assert isinstance(events, list)
+    for e in events:
+        assert e["ph"] in ("X", "M", "C") and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        if e["ph"] == "X":
+            assert isinstance(e["name"], str) and e["cat"] in ("step", "phase", "module", "op")
+            assert isinstance(e["ts"], float | int) and e["dur"] >= 0 and "span_id" in e["args"]
+    assert sum(e.get("cat") == "step" for e in events) == 15
+    assert "obs: profile" not in out.stderr  # a plain python run prints no summary (obs run does)
+
+
+@pytest.mark.parametrize("mode", ["http", "files"])
+def test_a_sigkilled_trainer_still_gets_its_recorded_steps_exported(tmp_path, receiver, mode):
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.start_http()} if mode == "http" else {}
+    out = train(tmp_path, {"steps": 30, "kill_at": 12, "context": {"enable_profiling": True}}, env)
+    assert out.returncode == -9 and "killing" in out.stdout
+    folder = tmp_path / "obs_profile" / "rank_0"
+    deadline = time.monotonic() + 60
+    while not list(folder.glob("status_*.json")) or not json.loads(next(folder.glob("status_*.json")).read_text())[
+            "done"]:
+        assert time.monotonic() < deadline, "the exporter did not finish after the trainer died"
+        time.sleep(0.2)
+    if mode == "http":
+        spans = receiver.spans()
+    else:
+        from exporters.trace_files import read_otlp_jsonl
+
+        spans = [{"name": s.name, "attributes": s.attributes} for s in
+                 read_otlp_jsonl(str(folder / "traces.otlp.jsonl")).spans]
+    steps = {s["attributes"]["ml.step"]: s for s in spans if s["name"] == "step"}
+    assert sorted(steps) == list(range(1, 13))
+    assert steps[12]["attributes"].get("ml.step.incomplete") is True  # killed in its backward
+    assert not any(s["attributes"].get("ml.step.incomplete") for n, s in steps.items() if n < 12)
+    assert not list(folder.glob("*.obsring"))
+
+
+def test_a_dead_collector_costs_spans_not_training_time(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    out = train(tmp_path, {"steps": 30, "context": {"enable_profiling": True}}, {"OTEL_EXPORTER_OTLP_ENDPOINT": url})
+    took = time.monotonic() - started
+    assert out.returncode == 0, out.stderr
+    assert took < 60
+    assert "obs profiler dropped" in out.stderr and url in out.stderr
+    status = json.loads(next((tmp_path / "obs_profile" / "rank_0").glob("status_*.json")).read_text())
+    assert status["endpoint"] == url and sum(status["dropped"].values()) == status["spans"] == 150
+    assert status["exported"] == 0
+
+
+def test_a_slow_collector_drops_what_does_not_fit_its_queue_and_counts_it(tmp_path):
+    slow = Receiver(delay_s=1.0)
+    url = slow.start_http()
+    try:
+        out = train(tmp_path, {"steps": 40, "sleep_ms": 25, "context": {"enable_profiling": True}},
+                    {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_BSP_MAX_QUEUE_SIZE": "10"})
+    finally:
+        slow.stop()
+    assert out.returncode == 0, out.stderr
+    status = json.loads(next((tmp_path / "obs_profile" / "rank_0").glob("status_*.json")).read_text())
+    assert status["dropped"].get("queue_full", 0) > 0
+    assert status["exported"] == len(slow.spans())
+    assert status["exported"] + sum(status["dropped"].values()) == status["spans"] == 200
+    assert "queue full" in out.stderr
+
+
+def test_otel_sdk_disabled_sends_nothing(tmp_path, receiver):
+    url = receiver.start_http()
+    out = train(tmp_path, {"steps": 5, "context": {"enable_profiling": True}},
+                {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_SDK_DISABLED": "true"})
+    assert out.returncode == 0, out.stderr
+    assert receiver.requests == []
+    assert "OTEL_SDK_DISABLED" in out.stderr
+    assert (tmp_path / "obs_profile" / "rank_0" / "trace.json").exists()
