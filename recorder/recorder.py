@@ -28,6 +28,7 @@ from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
+from recorder.graphs import remove_graphs, write_graph
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
 from recorder.layout import DEFAULT_CAPACITY, Kind
 from recorder.ring import RingWriter
@@ -117,6 +118,8 @@ class Recorder:
         self.dumps: list[str] = []
         self.failed: str | None = None  #: why the last dump failed (the ring is then kept for recover)
         self.graphs: deque[tuple[str, str]] = deque(maxlen=_GRAPHS_KEPT)
+        self._graph_files: list[str] = []  # beside the ring, oldest first
+        self._graphs_seen = 0
         self._dump_lock = threading.Lock()
         self._dumping: int | None = None  # ident of the thread inside dump(), read without the lock
         self._subs: list[Subscription] = []
@@ -132,6 +135,7 @@ class Recorder:
         add(bus.subscribe(Event.FAULT, self._on_fault))
         add(bus.subscribe(Event.SETTINGS_CHANGED, self._on_settings))
         add(bus.subscribe(Event.GRAPH_COMPILED, self._on_graph))
+        add(bus.subscribe(Event.GRAPH_IR, self._on_graph_ir))
         if level >= 1:
             step = self.ring.appender("step")
             memory = self.ring.appender("memory")
@@ -264,13 +268,27 @@ class Recorder:
         self.ring.blob(Kind.SETTINGS, {"source": source, "changes": {k: list(v) for k, v in changes.items()}})
 
     def _on_graph(self, name: str, graph_module: Any, example_inputs: Any) -> None:
-        text = graph_module.print_readable(print_output=False) if hasattr(graph_module, "print_readable") \
-            else str(graph_module)
-        self.graphs.append((name, text))
         if self.ring.closed:
             return
         self.ring.blob(Kind.GRAPH, {"name": name, "nodes": len(getattr(getattr(graph_module, "graph", None),
                                                                          "nodes", ()))})
+
+    def _on_graph_ir(self, name: str, stage: str, text: str) -> None:
+        """Keep the graph's ``.ir`` text for bundles, and beside the ring (``graphs_{pid}/``) for ``recover``."""
+        if self.ring.closed:
+            return
+        self.graphs.append((f"{stage}_{name}", text))
+        self._graph_files.append(write_graph(self.graphs_dir, self._graphs_seen, f"{stage}_{name}", text))
+        self._graphs_seen += 1
+        while len(self._graph_files) > _GRAPHS_KEPT:
+            try:
+                os.unlink(self._graph_files.pop(0))
+            except OSError:
+                pass
+
+    @property
+    def graphs_dir(self) -> str:
+        return os.path.join(self.dir, f"graphs_{self.pid}")
 
     def _on_fault(self, kind: str, detail: Any, error: Any) -> None:
         if self.ring.closed:
@@ -420,6 +438,11 @@ class Recorder:
             self.ring.path = ring_path
             if os.path.lexists(self.fatal_path):
                 os.rename(self.fatal_path, fatal_path)  # faulthandler writes through its open descriptor
+            if os.path.isdir(self.graphs_dir):
+                old_graphs = self.graphs_dir
+                os.rename(old_graphs, os.path.join(new_dir, os.path.basename(old_graphs)))
+                self._graph_files = [os.path.join(new_dir, os.path.basename(old_graphs), os.path.basename(f))
+                                     for f in self._graph_files]
             self.fatal_path = fatal_path
             self.dir, self._created = new_dir, created
         # Published in the ring's header so recover names the right rank.
@@ -480,6 +503,7 @@ class Recorder:
                 os.unlink(self.fatal_path)
         except OSError:
             pass
+        remove_graphs(self.graphs_dir)  # the ring is gone: nothing will recover them
         if self.dumps or state != "exited":
             self._mark_quietly(state, dumped=bool(self.dumps))
             return

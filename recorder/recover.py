@@ -26,6 +26,7 @@ from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle, write_json_atomic
+from recorder.graphs import read_graphs
 from recorder.ring_reader import read_header_file, read_ring_file
 
 __all__ = ["FATAL_LIMIT", "Recovery", "RingFile", "find_rings", "near", "recover", "recover_rings", "writer_alive"]
@@ -158,9 +159,16 @@ def _recover_one(ring: str) -> tuple[str, Exception | None] | None:
         fault = {"kind": reason, "where": _first_line(fatal) or "process ended without dumping (SIGKILL, OOM kill?)"}
         if problem is not None:
             fault["fatal_stacks_refused"] = str(problem)
-        manifest, files = bundle_parts(contents, reason, fault=fault, fatal_stacks=fatal or None, recovered=True)
+        graphs_dir = os.path.join(folder, f"graphs_{pid}")
+        graphs, refused = read_graphs(graphs_dir)  # the graph texts the recorder kept beside its ring
+        if refused and problem is None:
+            problem = refused[0]
+        manifest, files = bundle_parts(contents, reason, fault=fault, fatal_stacks=fatal or None, recovered=True,
+                                       graphs=graphs)
         bundle = write_bundle(folder, bundle_name(reason, pid), manifest, files)
         os.rename(ring, ring + ".recovered")  # only once the bundle is on disk (write_bundle fsyncs)
+        if graphs and not os.path.islink(graphs_dir):
+            os.rename(graphs_dir, graphs_dir + ".recovered")
         if fatal and problem is None:
             os.rename(fatal_path, fatal_path + ".recovered")
         write_json_atomic(os.path.join(folder, "marker.json"), {

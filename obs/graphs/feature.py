@@ -85,18 +85,17 @@ class GraphsFeature:
     # -- settings ----------------------------------------------------------------------------
     def from_environment(self, environ: Mapping[str, str] = os.environ) -> None:
         """Read ``MS_DEV_SAVE_GRAPHS*`` (at import); a bad value warns and leaves graphs off."""
-        try:
-            env_level, env_path = parse_env(environ)
-        except ObsConfigError as exc:
-            from obs.settings._env_feature import ObsConfigWarning
-
-            warnings.warn(f"graph dumps stay off: {exc}", ObsConfigWarning, stacklevel=3)
-            return
-        self.env_level = env_level or 0
-        self.env_path = env_path or "."
         from obs.settings._context import snapshot
 
-        self._apply(self._desired(snapshot()))
+        try:
+            env_level, env_path = parse_env(environ)
+            self.env_level, self.env_path = env_level or 0, env_path or "."
+            self._apply(self._desired(snapshot()))
+        except (ObsConfigError, OSError) as exc:
+            from obs.settings._env_feature import ObsConfigWarning
+
+            self.env_level, self.env_path = 0, "."
+            warnings.warn(f"graph dumps stay off: {exc}", ObsConfigWarning, stacklevel=3)
 
     def _desired(self, values: Mapping[str, Any]) -> tuple[int, str, bool]:
         level = values["save_graphs"] if "save_graphs" in values else self.env_level
@@ -133,6 +132,10 @@ class GraphsFeature:
         """Subscribe to what the level (and GRAPH_IR's subscribers) need, and nothing else."""
         with self._lock:
             want = self.level > 0 or bus.has_subscribers(Event.GRAPH_IR)
+            if self._compiled is not None and not self._compiled.active:  # removed by bus.clear()
+                self._compiled = None
+            if self._trace is not None and not self._trace.armed:
+                self._trace = None
             if want and self._compiled is None:
                 self._compiled = bus.subscribe(Event.GRAPH_COMPILED, self._on_compiled)
             elif not want and self._compiled is not None:

@@ -199,6 +199,11 @@ class Tracer:
         doc = IrFile(graph.name, [graph], {"stage": "trace", "step": str(self._step), "mode": "PYNATIVE"})
         self._done(doc)
 
+    @property
+    def armed(self) -> bool:
+        """Still waiting for (or tracing) its step: subscribed, and not disarmed."""
+        return any(sub.active for sub in self._subs)
+
     def disarm(self) -> None:
         """Stop: pop the dispatch mode (on the thread that pushed it) and drop every subscription."""
         with self._lock:
