@@ -108,12 +108,13 @@ class DumpFeature:
             mode = exc_section.get("mode", "2")
         elif debug == 4:
             mode = "2"
-        exception = (mode, _root(exc_section.get("path", ""), env)) if mode in ("1", "2") else None
+        from_dump = data.path if data is not None and debug in (3, 4) else ""  # the dump config's own folder
+        exception = (mode, _root(exc_section.get("path", "") or from_dump, env)) if mode in ("1", "2") else None
 
         nan_section = env.get("nan_check", {})
         nan = None
         if nan_section.get("enable") or debug == 3:
-            root = _root(nan_section.get("path", "") or exc_section.get("path", ""), env)
+            root = _root(nan_section.get("path", "") or from_dump or exc_section.get("path", ""), env)
             nan = (nan_section.get("action", "continue"), nan_section.get("granularity", "module"),
                    bool(nan_section.get("backward", True)), root)
         if debug in (3, 4):  # overflow-only / exception-only: the NaN check or exception_dump does the work

@@ -1,0 +1,154 @@
+"""The NaN/Inf check: the first module (or op) whose output, or whose gradient in backward, is not finite.
+
+Module granularity (the default): a global forward hook checks each module's tensor outputs (the
+same tensor returned by nested modules is checked once), and, when ``backward`` is on, puts a
+gradient hook on the first output that requires grad, so the gradient reaching that module in
+backward is checked too.  Op granularity: every aten op's outputs (OP_OUTPUT), forward and backward.
+Each check is one sum (:func:`obs.dump.stats.nonfinite_counts`); exact counts only when it fails.
+
+On a finding (the first of a step, up to ``limit`` in all): a FAULT event ``nan_inf`` (recorded by
+the RDR), a capture folder ``{root}/rank_{r}/nan_check/{stamp}_{scope}/`` with the inputs and the
+non-finite outputs (or the gradient) and their counts, then either training goes on
+(``action="continue"``) or a ``FloatingPointError`` is raised from the hook (``"raise"``), which
+reaches the user as any error of that module would (and exception_dump dumps it when armed).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from obs._core.events import Event, Subscription, bus
+from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.dump._tensors import tensors_in
+from obs.dump.capture import python_stack, write_capture
+from obs.dump.stats import nonfinite_counts
+from obs.runtime.steps import tracker
+from obs.settings.parallel import rank
+
+__all__ = ["NanCheck", "NonFiniteError"]
+
+
+#: ops whose outputs are uninitialised memory (any bits, NaN included) until something writes them
+_UNINITIALISED = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "resize")
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised (``action="raise"``) where the first NaN/Inf appeared; ``capture`` is its dump folder."""
+
+    def __init__(self, message: str, capture: str | None) -> None:
+        super().__init__(message)
+        self.capture = capture
+
+
+class NanCheck:
+    """Finds the first non-finite module output / gradient (or op output) and reports it."""
+
+    def __init__(self, root: str, *, action: str = "continue", granularity: str = "module", backward: bool = True,
+                 limit: int = 1) -> None:
+        self.root, self.action, self.granularity, self.backward = root, action, granularity, backward
+        self.limit = limit  # findings reported in all (0: one per step, without end)
+        self.findings: list[dict[str, Any]] = []
+        self._step_reported = -1
+        self._last_checked: Any = None
+        self._handles: list[Any] = []
+        self._subs: list[Subscription] = []
+        self._lock = threading.Lock()
+
+    def install(self) -> NanCheck:
+        # The module wrapper (installed for this subscriber) gives the scope names findings report.
+        self._subs.append(bus.subscribe(Event.MODULE_ENTER, _keep_scopes))
+        if self.granularity == "op":
+            self._subs.append(bus.subscribe(Event.OP_OUTPUT, self._on_op))
+        else:
+            self._handles.append(torch.nn.modules.module.register_module_forward_hook(self._on_module))
+        return self
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        for sub in self._subs:
+            sub.remove()
+        self._handles, self._subs = [], []
+
+    @property
+    def done(self) -> bool:
+        return bool(self.limit) and len(self.findings) >= self.limit
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def _on_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if SUPPRESSION.depth or self.done or self._step_reported == tracker.step:
+            return
+        stack = SUPPRESSION.stack
+        scope = stack[-1] if stack else type(module).__name__
+        watched = None
+        for where, tensor in tensors_in((output,)):
+            if tensor is self._last_checked:
+                continue
+            self._last_checked = tensor
+            counts = nonfinite_counts(tensor)
+            if counts is not None:
+                self._found("forward", "module", scope, type(module).__name__, counts, where,
+                            [("inputs", list(tensors_in(args))), ("outputs", [(where, tensor)])])
+                return
+            if watched is None and self.backward and tensor.requires_grad:
+                watched = tensor
+        if watched is not None:
+            watched.register_hook(self._grad_hook(scope, type(module).__name__))
+
+    def _grad_hook(self, scope: str, op: str) -> Any:
+        def check(grad: torch.Tensor) -> None:
+            if self.done or self._step_reported == tracker.step:
+                return
+            counts = nonfinite_counts(grad)
+            if counts is not None:
+                self._found("backward", "module", scope, op, counts, "gradient of the output",
+                            [("gradients", [("grad_output", grad)])])
+        return check
+
+    def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
+        if self.done or self._step_reported == tracker.step or name.startswith(_UNINITIALISED):
+            return
+        for where, tensor in tensors_in((output,)):
+            counts = nonfinite_counts(tensor)
+            if counts is not None:
+                stack = SUPPRESSION.stack
+                scope = stack[-1] if stack else ""
+                phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+                self._found(phase, "op", scope, name, counts, where,
+                            [("inputs", list(tensors_in(args, kwargs))), ("outputs", [(where, tensor)])])
+                return
+
+    # -- reporting ------------------------------------------------------------------------------
+    def _found(self, phase: str, kind: str, scope: str, op: str, counts: tuple[int, int, int], where: str,
+               groups: list[tuple[str, Any]]) -> None:
+        with self._lock:
+            if self.done or self._step_reported == tracker.step:
+                return
+            self._step_reported = tracker.step
+            place = f"{scope}/{op}" if kind == "op" else scope
+            finding = {"phase": phase, "kind": kind, "scope": scope, "op": op, "step": tracker.step, "where": where,
+                       "nan": counts[0], "pos_inf": counts[1], "neg_inf": counts[2], "rank": rank()}
+            message = (f"first NaN/Inf in {phase} at {place} (step {tracker.step}, {where}): {counts[0]} NaN, "
+                       f"{counts[1]} +Inf, {counts[2]} -Inf")
+            capture = None
+            try:
+                with suppressed():
+                    capture = write_capture(self.root, finding["rank"], "nan_check", place,
+                                            {**finding, "message": message,
+                                             "python_stack": python_stack(None, sys._getframe(2))},
+                                            groups, "NaN/Inf dump")
+            except Exception as exc:
+                report_internal_error("nan_check write", exc)
+            finding["capture"] = capture
+            self.findings.append(finding)
+        bus.emit(Event.FAULT, "nan_inf", place, None)
+        if self.action == "raise":
+            raise NonFiniteError(message, capture)
+
+
+def _keep_scopes(scope: str, module: Any) -> None:
+    """Subscribed to MODULE_ENTER so the module wrapper (and its scope stack) is installed."""

@@ -1,0 +1,138 @@
+"""NaN/Inf check: a NaN planted at a known layer, in forward or in backward, is found there."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import obs
+from obs.dump.nan_check import NonFiniteError
+
+
+def arm(tmp_path, **section):
+    cfg = {"nan_check": {"enable": True, "path": str(tmp_path), **section}}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    obs.set_context(env_config_path=str(path))
+
+
+class Poison(torch.nn.Module):
+    """Identity in forward; ``forward_nan`` makes its output NaN, ``backward_nan`` its input's gradient."""
+
+    def __init__(self, forward_nan=False, backward_nan=False):
+        super().__init__()
+        self.forward_nan, self.backward_nan = forward_nan, backward_nan
+
+    def forward(self, x):
+        if self.forward_nan:
+            return torch.log(-x.abs() - 1)  # NaN everywhere, made by log
+        if self.backward_nan:
+            return _GradToNan.apply(x)
+        return x
+
+
+class _GradToNan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+class Net(torch.nn.Module):
+    def __init__(self, **poison):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.poison = Poison(**poison)
+        self.fc2 = torch.nn.Linear(8, 8)
+        self.fc3 = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(self.poison(self.fc1(x)))))
+
+
+def captures(tmp_path):
+    root = tmp_path / "rank_0" / "nan_check"
+    return sorted(root.iterdir()) if root.exists() else []
+
+
+def train_step(net, opt=None):
+    opt = opt or torch.optim.SGD(net.parameters(), lr=0.1)
+    loss = net(torch.randn(3, 4)).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_forward_nan_is_found_at_the_module_that_made_it(tmp_path):
+    arm(tmp_path)
+    train_step(Net(forward_nan=True))
+    [folder] = captures(tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert (meta["phase"], meta["scope"], meta["nan"], meta["step"]) == \
+        ("forward", "Default/net-Net/poison-Poison", 24, 1)
+    assert np.isnan(np.load(folder / "outputs.0.npy")).all()
+    assert np.isfinite(np.load(folder / "inputs.0.npy")).all()  # what went in was fine
+
+
+def test_backward_nan_is_found_at_the_first_gradient_that_holds_it(tmp_path):
+    arm(tmp_path)
+    train_step(Net(backward_nan=True))
+    [folder] = captures(tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    # The gradient reaching fc1's output is the first to hold NaN: Poison's backward made it.
+    assert (meta["phase"], meta["scope"], meta["where"]) == ("backward", "Default/net-Net/fc1-Linear",
+                                                             "gradient of the output")
+    assert meta["nan"] == 24 and np.isnan(np.load(folder / "gradients.0.npy")).all()
+
+
+def test_raise_action_stops_training_where_the_nan_appeared(tmp_path):
+    arm(tmp_path, action="raise")
+    with pytest.raises(FloatingPointError, match="poison-Poison") as info:
+        train_step(Net(forward_nan=True))
+    assert isinstance(info.value, NonFiniteError) and info.value.capture == str(captures(tmp_path)[0])
+
+
+def test_op_granularity_names_the_aten_op(tmp_path):
+    arm(tmp_path, granularity="op")
+    train_step(Net(forward_nan=True))
+    [folder] = captures(tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert (meta["kind"], meta["op"], meta["scope"], meta["phase"]) == \
+        ("op", "log.default", "Default/net-Net/poison-Poison", "forward")
+
+
+def test_op_granularity_in_backward(tmp_path):
+    arm(tmp_path, granularity="op")
+    train_step(Net(backward_nan=True))
+    [folder] = captures(tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert (meta["op"], meta["phase"]) == ("mul.Tensor", "backward")
+
+
+def test_a_clean_run_reports_nothing_and_the_rdr_records_the_place(tmp_path):
+    arm(tmp_path)
+    net = Net()
+    for _ in range(3):
+        train_step(net)
+    assert captures(tmp_path) == []
+    faults = []
+    obs.subscribe(obs.Event.FAULT, lambda kind, detail, error: faults.append((kind, detail)))
+    train_step(Net(forward_nan=True))
+    assert faults == [("nan_inf", "Default/net-Net/poison-Poison")]
+
+
+def test_dump_config_overflow_mode_turns_it_on(tmp_path, monkeypatch):
+    cfg = {"common_dump_settings": {"dump_mode": 0, "path": str(tmp_path / "d"), "net_name": "Net",
+                                    "iteration": "all", "input_output": 0, "kernels": [], "support_device": [0],
+                                    "op_debug_mode": 3}}
+    (tmp_path / "dump.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("MINDSPORE_DUMP_CONFIG", str(tmp_path / "dump.json"))
+    obs.set_context(op_timeout=600)  # the first set_context call reads the variable, whatever its keys
+    train_step(Net(forward_nan=True))
+    assert len(captures(tmp_path / "d")) == 1
