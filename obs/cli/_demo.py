@@ -10,6 +10,7 @@ allocator and cache warm-up), which can be a hundred times slower.
 from __future__ import annotations
 
 import atexit
+import os
 import statistics
 import sys
 import time
@@ -137,6 +138,7 @@ def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[
         next_commands.insert(0, f"obs print {written}")
     else:
         next_commands.insert(0, "obs demo --set print_file_path=demo_print.pb")
+    _point_to_profile(produced, next_commands)
     live = obs.rdr.recorder()
     if live is not None:
         when = "on faults and at exit" if live.config.mode == 2 else "on faults (try --fail-at 20)"
@@ -145,6 +147,21 @@ def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[
         next_commands.insert(0, f"obs rdr ls {live.config.path or '.'}   # bundles, written {when}")
     else:
         next_commands.insert(1, "obs demo --config obs_config.json --fail-at 20   # with rdr.enable true in the file")
+
+
+def _point_to_profile(produced: list[str], next_commands: list[str]) -> None:
+    from obs import profiling
+
+    live = profiling.session()
+    if live is None:
+        return
+    if live.request.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
+            os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        produced.append(f"spans sent over OTLP (summary in {live.folder}, at exit)")
+    else:
+        produced.append(f"{live.folder}/trace.json (open it in https://ui.perfetto.dev) and traces.otlp.jsonl, "
+                        "written by the exporter process as steps end")
+    next_commands.insert(0, f"obs trace summary {live.request.output}")
 
 
 @contextmanager
