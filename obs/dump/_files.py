@@ -2,7 +2,7 @@
 
 * :func:`escape_name` is MindSpore's op-name escape (``/ \\ .`` and space become ``_``), applied to
   every name that came from a model (op, module, net names), plus anything outside
-  ``[A-Za-z0-9_+=,()-]`` becoming ``_``, and long names cut with a hash suffix, so no name can
+  ``[A-Za-z0-9_+=()-]`` becoming ``_``, and long names cut with a hash suffix, so no name can
   climb out of its folder or exceed a file system's name limit.
 * :func:`inside` joins escaped parts under a root and refuses a result that leaves it.
 * :func:`npy_bytes` writes the original's npy header: version 1.0, every dim followed by a comma
@@ -25,7 +25,7 @@ from obs._core.errors import UnsafePathError
 __all__ = ["escape_name", "inside", "npy_bytes", "npy_header", "write_new"]
 
 _ESCAPE = re.compile(r"[/\\. ]")
-_UNSAFE = re.compile(r"[^A-Za-z0-9_+=,()\-]")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_+=()\-]")  # no comma: names are columns of statistic.csv
 _NAME_MAX = 160  # bytes kept of one name; the rest of a dump file name (type, slots, stamp) fits in 255
 
 
@@ -40,10 +40,11 @@ def escape_name(name: str, *, limit: int = _NAME_MAX) -> str:
     return text
 
 
-def inside(root: str, *parts: str) -> str:
-    """``root/part/...`` with each part escaped; raises :class:`UnsafePathError` if the result leaves ``root``."""
+def inside(root: str, *parts: str, escape: bool = True) -> str:
+    """``root/part/...`` with each part escaped (``escape=False``: fixed names of ours, like ``.dump_metadata``);
+    raises :class:`UnsafePathError` if the result leaves ``root``."""
     base = os.path.abspath(root)
-    path = os.path.join(base, *(escape_name(p, limit=200) for p in parts))
+    path = os.path.join(base, *(escape_name(p, limit=200) if escape else p for p in parts))
     if os.path.commonpath([base, os.path.abspath(path)]) != base:
         raise UnsafePathError(f"refusing to write {path!r}: it is outside the dump folder {base!r}", path=path)
     return path

@@ -17,7 +17,7 @@ import torch
 from obs._core.internal import suppressed
 from printsink.dtypes import NAME_OF_TORCH
 
-__all__ = ["describe", "host_array", "ms_dtype", "tensors_in"]
+__all__ = ["describe", "host_array", "keep_scopes", "ms_dtype", "tensors_in"]
 
 _WIDEN = {torch.bfloat16: torch.float32}
 
@@ -68,3 +68,8 @@ def _walk(value: Any, where: str, depth: int) -> Iterator[tuple[str, torch.Tenso
     elif depth < 4 and isinstance(value, dict):
         for key, item in value.items():
             yield from _walk(item, f"{where}[{key!r}]", depth + 1)
+
+
+def keep_scopes(scope: str, module: Any) -> None:
+    """A MODULE_ENTER subscriber that does nothing: it keeps the module wrapper, and so the scope stack that
+    names ops and findings, installed."""

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.dump._spans import ModuleSpans
 from obs.dump._tensors import tensors_in
 from obs.dump.capture import python_stack, write_capture
 from obs.runtime.steps import tracker
@@ -40,7 +40,6 @@ __all__ = ["ExceptionDump", "dump_of"]
 
 MODES = {"1": "inputs and outputs", "2": "inputs only"}
 _NODE_IN_MESSAGE = re.compile(r"Function '?(\w+)'? returned")
-_SPANS_KEPT = 1 << 14
 
 
 def dump_of(error: BaseException) -> str | None:
@@ -56,9 +55,7 @@ class ExceptionDump:
             raise ValueError(f"exception_dump mode must be one of {sorted(MODES)} (got {mode!r})")
         self.mode, self.root = mode, root
         self.written: list[str] = []
-        self._spans: deque[tuple[int, int, str]] = deque(maxlen=_SPANS_KEPT)
-        self._starts: list[int] = []
-        self._subs: list[Subscription] = []
+        self.spans = ModuleSpans()
         self._backward: Any = None
         self._grad: Any = None
         self._lock = threading.Lock()
@@ -67,18 +64,8 @@ class ExceptionDump:
     def install(self) -> ExceptionDump:
         from obs.runtime.torch import _modules, _ops
 
-        seq = torch._C._autograd._get_sequence_nr
-        starts, spans = self._starts, self._spans
-
-        def enter(scope: str, module: Any) -> None:
-            starts.append(seq())
-
-        def leave(scope: str, module: Any, error: Any) -> None:
-            if starts:
-                spans.append((starts.pop(), seq(), scope))
-
-        # The module wrapper (installed for these) is what reports failing modules with their arguments.
-        self._subs = [bus.subscribe(Event.MODULE_ENTER, enter), bus.subscribe(Event.MODULE_EXIT, leave)]
+        # The module wrapper (installed for these subscribers) is what reports failing modules with their arguments.
+        self.spans.install()
         _modules.failure_hooks = _modules.failure_hooks + (self.on_failure,)
         _ops.failure_hooks = _ops.failure_hooks + (self.on_failure,)
         self._backward = _wrap(torch.autograd, "backward", self._on_backward_error)
@@ -88,9 +75,7 @@ class ExceptionDump:
     def remove(self) -> None:
         from obs.runtime.torch import _modules, _ops
 
-        for sub in self._subs:
-            sub.remove()
-        self._subs = []
+        self.spans.remove()
         _modules.failure_hooks = tuple(h for h in _modules.failure_hooks if h != self.on_failure)
         _ops.failure_hooks = tuple(h for h in _ops.failure_hooks if h != self.on_failure)
         for wrapper in (self._backward, self._grad):
@@ -125,23 +110,11 @@ class ExceptionDump:
             return
         node, grads = _failing_node(error, roots)
         name = node.name() if node is not None else _node_name(error) or "unknown"
-        module = self.module_of(node) if node is not None else ""
+        module = self.spans.module_of(node) if node is not None else ""
         meta = self._meta(error, "backward", name, module)
         meta.update(autograd_node=name, forward_module=module or None)
         groups: list[tuple[str, Any]] = [("inputs", list(tensors_in(grads))), ("saved", list(_saved(node)))]
         self._write(error, f"{module or 'backward'}/{name}", meta, groups, frame=sys._getframe(1))
-
-    def module_of(self, node: Any) -> str:
-        """Scope of the innermost module whose forward created autograd ``node`` ('' when none did)."""
-        try:
-            nr = node._sequence_nr()
-        except Exception:
-            return ""
-        best, best_span = "", None
-        for start, end, scope in self._spans:
-            if start <= nr < end and (best_span is None or end - start <= best_span):
-                best, best_span = scope, end - start
-        return best
 
     # -- writing ------------------------------------------------------------------------------
     def _meta(self, error: BaseException, kind: str, op: str, scope: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import torch
 
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
-from obs.dump._tensors import tensors_in
+from obs.dump._tensors import keep_scopes, tensors_in
 from obs.dump.capture import python_stack, write_capture
 from obs.dump.stats import nonfinite_counts
 from obs.runtime.steps import tracker
@@ -60,7 +60,7 @@ class NanCheck:
 
     def install(self) -> NanCheck:
         # The module wrapper (installed for this subscriber) gives the scope names findings report.
-        self._subs.append(bus.subscribe(Event.MODULE_ENTER, _keep_scopes))
+        self._subs.append(bus.subscribe(Event.MODULE_ENTER, keep_scopes))
         if self.granularity == "op":
             self._subs.append(bus.subscribe(Event.OP_OUTPUT, self._on_op))
         else:
@@ -148,7 +148,3 @@ class NanCheck:
         bus.emit(Event.FAULT, "nan_inf", place, None)
         if self.action == "raise":
             raise NonFiniteError(message, capture)
-
-
-def _keep_scopes(scope: str, module: Any) -> None:
-    """Subscribed to MODULE_ENTER so the module wrapper (and its scope stack) is installed."""

@@ -1,0 +1,67 @@
+"""Which forward module created an autograd node: module calls record autograd sequence numbers.
+
+Autograd numbers the nodes it creates on a thread in order (``_sequence_nr``).  At a module's
+enter and exit the next number is read (one C call each), so a module's nodes are the interval
+``[enter, exit)``; the innermost interval holding a node's number is its forward module.  A bounded
+window of intervals is kept (older steps' nodes are gone by then anyway).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+
+from obs._core.events import Event, Subscription, bus
+
+__all__ = ["ModuleSpans"]
+
+_KEPT = 1 << 14
+
+
+class ModuleSpans:
+    """Subscribes to MODULE_ENTER/EXIT while installed; ``module_of(node)`` answers."""
+
+    def __init__(self) -> None:
+        self._spans: deque[tuple[int, int, str]] = deque(maxlen=_KEPT)
+        self._starts: list[int] = []
+        self._subs: list[Subscription] = []
+        self._cache: dict[int, str] = {}
+
+    def install(self) -> ModuleSpans:
+        seq = torch._C._autograd._get_sequence_nr
+        starts, spans, cache = self._starts, self._spans, self._cache
+
+        def enter(scope: str, module: Any) -> None:
+            starts.append(seq())
+
+        def leave(scope: str, module: Any, error: Any) -> None:
+            if starts:
+                spans.append((starts.pop(), seq(), scope))
+                if cache:
+                    cache.clear()
+
+        self._subs = [bus.subscribe(Event.MODULE_ENTER, enter), bus.subscribe(Event.MODULE_EXIT, leave)]
+        return self
+
+    def remove(self) -> None:
+        for sub in self._subs:
+            sub.remove()
+        self._subs = []
+
+    def module_of(self, node: Any) -> str:
+        """Scope of the innermost module whose forward created autograd ``node`` ('' when none did)."""
+        try:
+            nr = int(node._sequence_nr())
+        except Exception:
+            return ""
+        found = self._cache.get(nr)
+        if found is not None:
+            return found
+        best, best_span = "", None
+        for start, end, scope in reversed(self._spans):
+            if start <= nr < end and (best_span is None or end - start < best_span):
+                best, best_span = scope, end - start
+        self._cache[nr] = best
+        return best

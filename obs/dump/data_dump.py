@@ -1,0 +1,227 @@
+"""The data dump in eager PyTorch: selected steps × aten ops → MindSpore's layout, names and statistic.csv.
+
+::
+
+    {path}/rank_{r}/.dump_metadata/config.json, data_dump.json (the user's JSON, byte for byte)
+    {path}/rank_{r}/{net_name}/0/{iteration}/{op_type}.{escaped full name}.0.0.{us}.{input|output}.{slot}.DefaultFormat.{Dtype}.npy
+    {path}/rank_{r}/{net_name}/0/{iteration}/statistic.csv
+    {path}/rank_{r}/execution_order/ms_execution_order_graph_0.csv, ms_global_execution_order_graph_0.csv
+
+Ops come from the op dispatch mode (OP_OUTPUT).  An op's full name is MindSpore-style: the module
+scope, the op type in CamelCase and its index in the step (``Default/net-Net/fc1-Linear/Addmm-op3``);
+ops run by autograd in backward are under ``Gradients/``.  Eager PyTorch has one graph: id 0.
+Iteration N is the N-th step (from ``initial_iteration``).  Statistics are computed when the op
+returns (later in-place writes cannot change them) and statistic.csv is written at the step's end.
+Steps outside ``iteration`` cost one flag test per op.  Slots follow argument positions: a
+non-tensor argument leaves a gap, as in the original.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from typing import Any
+
+import torch
+
+from obs._core import outputs, safe_files
+from obs._core.events import Event, Subscription, bus
+from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.dump._files import escape_name, inside, npy_bytes, write_new
+from obs.dump._spans import ModuleSpans
+from obs.dump._tensors import host_array, ms_dtype
+from obs.dump.config import DumpConfig
+from obs.dump.stats import csv_header, statistics
+from obs.runtime.steps import tracker
+from obs.settings.parallel import rank
+
+__all__ = ["DataDump", "op_type", "tensor_file_name"]
+
+GRAPH_ID = 0
+ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"
+_INT_CATEGORIES = {"max", "min"}
+_NOT_OPS = ("_record_function",)  # the optimizer's profiler annotations, not computations
+current_node = torch._C._current_autograd_node
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def op_type(name: str) -> str:
+    """``addmm.default`` → ``Addmm``; ``native_batch_norm_backward.default`` → ``NativeBatchNormBackward``."""
+    base = name.split(".", 1)[0]
+    return "".join(part[:1].upper() + part[1:] for part in base.split("_") if part) or "Op"
+
+
+def tensor_file_name(kind: str, full_name: str, timestamp_us: int, io: str, slot: int, dtype: str) -> str:
+    """The original's tensor file name (task and stream ids 0, ``DefaultFormat``)."""
+    return f"{escape_name(kind, limit=48)}.{escape_name(full_name)}.0.0.{timestamp_us}.{io}.{slot}.DefaultFormat." \
+           f"{escape_name(dtype, limit=16)}.npy"
+
+
+def _slots(args: Any) -> list[tuple[int, torch.Tensor]]:
+    out, slot = [], 0
+    for value in args:
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) or v is None for v in value):
+            for item in value:
+                if item is not None:
+                    out.append((slot, item))
+                slot += 1
+            continue
+        if isinstance(value, torch.Tensor):
+            out.append((slot, value))
+        slot += 1
+    return out
+
+
+def _number(value: Any, integral: bool) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        if integral and value.is_integer():
+            return str(int(value))
+        return repr(value)
+    return str(value)
+
+
+class DataDump:
+    """Subscribes to steps and op outputs while on; writes one iteration folder per selected step."""
+
+    def __init__(self, config: DumpConfig) -> None:
+        self.config = config
+        self.active = False
+        self.iteration = -1
+        self._count = 0
+        self._order: list[str] = []
+        self._rows: list[str] = []
+        self._dumped: list[int] = []
+        self._folder = ""
+        self._subs: list[Subscription] = []
+        self._demand: Any = None
+        self._types: dict[str, str] = {}
+        self.spans = ModuleSpans()
+        self._lock = threading.Lock()
+        self._metadata_written = False
+        self._header = csv_header(config.statistic_category)
+
+    def install(self) -> DataDump:
+        self._demand = tracker.require("data dump")
+        self.spans.install()  # also keeps the module wrapper, whose scope stack names the ops
+        self._subs = [bus.subscribe(Event.STEP_BEGIN, self._on_step_begin),
+                      bus.subscribe(Event.STEP_END, self._on_step_end),
+                      bus.subscribe(Event.OP_OUTPUT, self._on_op)]
+        if tracker.in_step:  # turned on in the middle of a step: start with the next one
+            self.active = False
+        return self
+
+    def remove(self) -> None:
+        for sub in self._subs:
+            sub.remove()
+        self._subs = []
+        self.spans.remove()
+        if self._demand is not None:
+            self._demand.remove()
+            self._demand = None
+        if self.active:
+            self._finish()
+
+    # -- folders ----------------------------------------------------------------------------------
+    def rank_dir(self) -> str:
+        return inside(self.config.path, f"rank_{rank()}")
+
+    def _write_metadata(self) -> None:
+        meta = inside(self.rank_dir(), ".dump_metadata", escape=False)
+        safe_files.ensure_dir(meta)
+        device = "GPU" if torch.cuda.is_available() and torch.cuda.is_initialized() else "CPU"
+        from obs import __version__
+
+        safe_files.write_atomic(os.path.join(meta, "config.json"),
+                                json.dumps({"device_target": device, "ms_version": f"obs {__version__}"}),
+                                fsync=False)
+        raw = self.config.raw or json.dumps({"common_dump_settings": {}}, indent=2)
+        safe_files.write_atomic(os.path.join(meta, "data_dump.json"), raw, fsync=False)
+        self._metadata_written = True
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _on_step_begin(self, step: int) -> None:
+        iteration = self.config.initial_iteration + step - 1
+        self.iteration, self._count = iteration, 0
+        self._order, self._rows = [], []
+        self.active = iteration in self.config.iterations and bool(self.config.e2e.get("enable", True))
+        if self.active:
+            if not self._metadata_written:
+                self._write_metadata()
+            self._folder = inside(self.rank_dir(), self.config.net_name, str(GRAPH_ID), str(iteration))
+            safe_files.ensure_dir(self._folder)
+
+    def _on_step_end(self, step: int, duration_ns: int) -> None:
+        if self.active:
+            self._finish()
+
+    def _finish(self) -> None:
+        self.active = False
+        with suppressed():
+            if self.config.statistics:
+                text = self._header + "\n" + "".join(self._rows)
+                safe_files.write_atomic(os.path.join(self._folder, "statistic.csv"), text, fsync=False)
+            self._dumped.append(self.iteration)
+            order = inside(self.rank_dir(), "execution_order")
+            safe_files.ensure_dir(order)
+            safe_files.write_atomic(os.path.join(order, f"ms_execution_order_graph_{GRAPH_ID}.csv"),
+                                    ORDER_HEADER + "\n" + "".join(f"{n}\n" for n in self._order), fsync=False)
+            safe_files.write_atomic(os.path.join(order, f"ms_global_execution_order_graph_{GRAPH_ID}.csv"),
+                                    "".join(f"{i}\n" for i in self._dumped), fsync=False)
+        outputs.wrote("data dump", self._folder)
+        self._rows, self._order = [], []
+
+    # -- ops --------------------------------------------------------------------------------------
+    def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
+        if not self.active or name.startswith(_NOT_OPS):
+            return
+        n, self._count = self._count, self._count + 1
+        kind = self._types.get(name)
+        if kind is None:
+            kind = self._types[name] = op_type(name)
+        node = current_node()
+        if node is not None:  # run by autograd: named after the forward module that made the node
+            scope = "Gradients/" + (self.spans.module_of(node) or "Default")
+        else:
+            stack = SUPPRESSION.stack
+            scope = stack[-1] if stack else "Default"
+        full = f"{scope}/{kind}-op{n}"
+        self._order.append(_CONTROL.sub("_", full))  # one line per op in execution_order
+        if not self.config.wants(full):
+            return
+        io = self.config.input_output
+        try:
+            with suppressed():
+                if io in (0, 1):
+                    for slot, tensor in _slots(list(args) + list((kwargs or {}).values())):
+                        self._tensor(kind, full, "input", slot, tensor)
+                if io in (0, 2):
+                    outs = output if isinstance(output, (list, tuple)) else (output,)
+                    for slot, tensor in _slots([outs]):
+                        self._tensor(kind, full, "output", slot, tensor)
+        except Exception as exc:
+            report_internal_error("data dump op", exc)
+
+    def _tensor(self, kind: str, full: str, io: str, slot: int, tensor: torch.Tensor) -> None:
+        if tensor.layout is not torch.strided or tensor.device.type == "meta":
+            return
+        stamp = time.time_ns() // 1000
+        dtype = ms_dtype(tensor)
+        if self.config.tensors:
+            path = os.path.join(self._folder, tensor_file_name(kind, full, stamp, io, slot, dtype))
+            header, data = npy_bytes(host_array(tensor))
+            write_new(path, header, data)
+        if self.config.statistics:
+            values = statistics(tensor, self.config.statistic_category)
+            integral = not (tensor.is_floating_point() or tensor.is_complex())
+            shape = "(" + ",".join(str(int(d)) for d in tensor.shape) + ")"
+            fields = [escape_name(kind, limit=48), escape_name(full), "0", "0", str(stamp), io, str(slot),
+                      str(tensor.numel() * tensor.element_size()), str(tensor.dtype).removeprefix("torch."),
+                      f'"{shape}"']
+            fields += [_number(v, integral and c in _INT_CATEGORIES) for c, v in
+                       zip(self.config.statistic_category, values)]
+            self._rows.append(",".join(fields) + "\n")
