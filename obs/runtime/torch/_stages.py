@@ -57,7 +57,14 @@ def staged(inner: str | Callable[..., Any], name: str, parent: torch.fx.GraphMod
             _publish(name, stage, gm, inputs, parent)
             return compile_fx_inner(gm, inputs, *args, **kwargs)
 
-        return lambda gm, inputs: compile_fx(gm, inputs, inner_compile=inner_compile)
+        def inductor(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+            from torch._functorch import config as functorch_config
+
+            # A hit in AOT autograd's cache would skip inner_compile, and with it the graphs to publish.
+            with functorch_config.patch(enable_autograd_cache=False):
+                return compile_fx(gm, inputs, inner_compile=inner_compile)
+
+        return inductor
     backend = lookup_backend(inner) if isinstance(inner, str) else inner
     if isinstance(backend, AotAutograd):
         kwargs = dict(backend.kwargs)
