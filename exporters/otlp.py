@@ -2,9 +2,11 @@
 
 The sender hands batches to the SDK's own OTLP exporters (gRPC or HTTP/protobuf), which honour the
 ``OTEL_EXPORTER_OTLP_*`` variables (headers, certificate, timeout, compression).  Its queue is
-bounded: a batch that finds it full, a batch the collector refused or never answered, and a batch
-still queued when the deadline of :meth:`OtlpSender.close` passes are counted in :attr:`dropped`
-(the SDK's own processor drops without counting).
+bounded (``OTEL_BSP_MAX_QUEUE_SIZE`` spans): while it is full the exporter leaves the spans' slots in
+the ring, which is the real buffer (a slow collector then costs ring overruns, counted, never a
+blocked trainer).  A batch that finds the queue full, a batch the collector refused or never
+answered, and a batch still queued when the deadline of :meth:`OtlpSender.close` passes are counted
+in :attr:`dropped` (the SDK's own processor drops without counting).
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ class OtlpSender:
         self.endpoint, self.protocol = endpoint, protocol
         self.max_spans = max_spans or _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
         self._queue: queue.Queue[list[Any] | None] = queue.Queue()
+        self._inflight = 0  # spans of the batch being exported now
         self._queued = 0  # spans waiting (a batch larger than the bound is taken alone when nothing waits)
         self._lock = threading.Lock()
         self.exported = 0
@@ -135,11 +138,17 @@ class OtlpSender:
         self._thread = threading.Thread(target=self._run, name="obs-otlp-sender", daemon=True)
         self._thread.start()
 
-    def submit(self, batch: list[Any]) -> None:
+    @property
+    def backlog(self) -> int:
+        """Spans waiting to be sent (the exporter stops reading the ring while this is at the bound)."""
+        return self._queued
+
+    def submit(self, batch: list[Any], *, force: bool = False) -> None:
+        """Queue ``batch``; dropped (and counted) when the queue is full, unless ``force`` (the final drain)."""
         if not batch:
             return
         with self._lock:
-            if self._queued and self._queued + len(batch) > self.max_spans:
+            if not force and self._queued and self._queued + len(batch) > self.max_spans:
                 self.dropped["queue_full"] += len(batch)
                 return
             self._queued += len(batch)
@@ -152,12 +161,14 @@ class OtlpSender:
             batch = self._queue.get()
             if batch is None:
                 return
+            self._inflight = len(batch)
             try:
                 result = self._exporter.export(batch)
             except Exception as exc:  # an exporter bug or a transport we did not expect: counted, not fatal
                 result, self.last_error = None, f"{type(exc).__name__}: {exc}"
             with self._lock:
                 self._queued -= len(batch)
+                self._inflight = 0
             if result == SpanExportResult.SUCCESS:
                 self.exported += len(batch)
             else:
@@ -182,3 +193,7 @@ class OtlpSender:
         self._thread.join(max(0.0, end - time.monotonic()))
         self._exporter.shutdown()  # interrupts a retry loop still running
         self._thread.join(2.0)
+        with self._lock:
+            if self._thread.is_alive() and self._inflight:  # still waiting for the collector's answer: not sent
+                self.dropped["shutdown"] += self._inflight
+                self._inflight = 0

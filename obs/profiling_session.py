@@ -148,6 +148,8 @@ class ProfileSession:
                                              start_new_session=True, close_fds=True)
         except OSError as exc:
             self._start_thread(config, exc)
+            return
+        _off_training_cores(self._process.pid)
 
     def _start_thread(self, config: Any, why: BaseException) -> None:
         global _fallback_said
@@ -206,6 +208,17 @@ class ProfileSession:
                 if os.path.exists(path):
                     outputs.wrote("trace", path)
         return self.status
+
+
+def _off_training_cores(pid: int) -> None:
+    """A trainer pinned to some cores keeps them: its exporter runs on the others (when there are any)."""
+    try:
+        mine, every = os.sched_getaffinity(0), set(range(os.cpu_count() or 1))
+        others = every - mine
+        if others:
+            os.sched_setaffinity(pid, others)
+    except (AttributeError, OSError):
+        pass
 
 
 def _read_status(path: str) -> dict[str, Any] | None:

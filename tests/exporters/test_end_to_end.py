@@ -186,8 +186,8 @@ def test_a_dead_collector_costs_spans_not_training_time(tmp_path):
     assert status["exported"] == 0
 
 
-def test_a_slow_collector_drops_what_does_not_fit_its_queue_and_counts_it(tmp_path):
-    slow = Receiver(delay_s=1.0)
+def test_a_slow_collector_delays_the_export_and_what_misses_the_flush_deadline_is_counted(tmp_path):
+    slow = Receiver(delay_s=3.0)  # longer than the exporter's flush deadline at the end (2 s)
     url = slow.start_http()
     try:
         out = train(tmp_path, {"steps": 40, "sleep_ms": 25, "context": {"enable_profiling": True}},
@@ -196,10 +196,13 @@ def test_a_slow_collector_drops_what_does_not_fit_its_queue_and_counts_it(tmp_pa
         slow.stop()
     assert out.returncode == 0, out.stderr
     status = json.loads(next((tmp_path / "obs_profile" / "rank_0").glob("status_*.json")).read_text())
-    assert status["dropped"].get("queue_full", 0) > 0
-    assert status["exported"] == len(slow.spans())
+    # While the collector lags, the slots wait in the ring; what is still queued at the flush deadline is dropped.
+    assert status["dropped"].get("shutdown", 0) > 0
+    # A batch the collector had not answered when the exporter ended counts as dropped (unconfirmed), even if
+    # the receiver finishes reading it later.
+    assert status["exported"] <= len(slow.spans())
     assert status["exported"] + sum(status["dropped"].values()) == status["spans"] == 200
-    assert "queue full" in out.stderr
+    assert "obs profiler dropped" in out.stderr and "shutdown" in out.stderr
 
 
 def test_otel_sdk_disabled_sends_nothing(tmp_path, receiver):

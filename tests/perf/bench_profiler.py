@@ -1,0 +1,166 @@
+"""Cost of the profiler on training steps, exporting over OTLP/HTTP to a local receiver, against plain PyTorch
+and torch.profiler; and the drops at the default budget over 1,000 steps.
+
+Run: python tests/perf/bench_profiler.py [--rounds 20] [--processes 3] [--out bench-profiler.json]
+Targets (issue "Profiling spans via OpenTelemetry"): training_trace <= 1.03 on the MLP and <= 1.01 on the CNN;
+task_trace <= 1.05 on the CNN; zero dropped spans at the default budget over 1,000 steps; less per step than
+torch.profiler recording the same steps with its own Chrome-trace export.
+
+Each process is pinned to one core (the exporter process and the receiver run on the others, as on a
+machine whose trainer is pinned); variants alternate within each round; a round times a block of steps
+(torch.profiler's block includes its export); the reported figure is the median over processes of each
+process's median.  The receiver is a separate process (an HTTP/protobuf OTLP server decoding with
+opentelemetry-proto), so receiving costs the trainer nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+
+RECEIVER = ("import sys; from tests.exporters.receiver import Receiver; r = Receiver(); print(r.start_http(), "
+            "flush=True); sys.stdin.read(); print(len(r.spans()), flush=True); r.stop()")
+
+
+def start_receiver() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-c", RECEIVER], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    url = proc.stdout.readline().strip()
+    return proc, url
+
+
+def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
+    """One process: per workload, the median ms per step of each variant."""
+    import torch
+
+    import obs
+    from _harness import cnn, mlp
+
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = url
+    tmp = tempfile.mkdtemp(prefix="obs-bench-prof-")
+
+    def profiler(levels: str):
+        def setup():
+            obs.set_context(enable_profiling=True, profiling_options=levels)
+            return lambda: obs.reset_context()
+        return setup
+
+    def torch_profiler(workload):
+        def setup():
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            prof.__enter__()
+
+            def finish():  # inside the timed block: exporting is part of what torch.profiler costs per step
+                prof.__exit__(None, None, None)
+                path = os.path.join(tmp, "torch_trace.json")
+                prof.export_chrome_trace(path)
+                os.unlink(path)
+            return finish
+        return setup
+
+    results = {}
+    for workload in (mlp(), cnn()):
+        variants = {"plain": None, "training_trace": profiler("training_trace"),
+                    "task_trace": profiler("training_trace:task_trace"), "torch.profiler + export": "torch"}
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        names = list(variants)
+        for _ in range(3):
+            workload.step()
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                variant = variants[name]
+                teardown = None
+                if variant == "torch":
+                    finish = torch_profiler(workload)()
+                elif variant is not None:
+                    teardown = variant()
+                workload.step()  # untimed: the first step after a switch
+                t0 = time.perf_counter_ns()
+                for _ in range(workload.steps_per_round):
+                    workload.step()
+                if variant == "torch":
+                    finish()
+                ms = (time.perf_counter_ns() - t0) / 1e6 / workload.steps_per_round
+                samples[name].append(ms)
+                if teardown is not None:
+                    teardown()
+        results[workload.name] = {name: statistics.median(values) for name, values in samples.items()}
+    return results
+
+
+def drops_over_1000_steps(url: str) -> dict[str, object]:
+    """1,000 MLP steps at the default budget (task_trace, so every step fills more of it), exported to the receiver."""
+    import obs
+    from _harness import mlp
+    from obs import profiling
+
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = url
+    workload = mlp()
+    obs.set_context(enable_profiling=True, profiling_options="training_trace:task_trace")
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        workload.step()
+    train_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    obs.reset_context()
+    status = profiling.last_status() or {}
+    return {"steps": status.get("steps"), "spans": status.get("spans"), "exported": status.get("exported"),
+            "dropped": status.get("dropped"), "train_s": round(train_s, 2),
+            "close_s": round(time.perf_counter() - t1, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--out", default="bench-profiler.json")
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    if args.child:
+        os.sched_setaffinity(0, {cores[0]})
+        kind, _, url = args.child.partition(":")
+        data = child(args.rounds, url) if kind == "steps" else drops_over_1000_steps(url)
+        print(json.dumps(data))
+        return
+    receiver, url = start_receiver()
+    if len(cores) > 1:
+        os.sched_setaffinity(receiver.pid, set(cores[1:]))
+    runs = []
+    try:
+        for i in range(args.processes):
+            out = subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--child", f"steps:{url}"],
+                                 capture_output=True, text=True, check=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"process {i + 1}/{args.processes} done", file=sys.stderr)
+        out = subprocess.run([sys.executable, __file__, "--child", f"drops:{url}"], capture_output=True, text=True,
+                             check=True)
+        drops = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        receiver.stdin.close()
+        received = receiver.stdout.readline().strip()
+        receiver.wait(30)
+    medians = {w: {v: statistics.median(run[w][v] for run in runs) for v in runs[0][w]} for w in runs[0]}
+    from _harness import report
+
+    print(f"1,000 MLP steps at the default budget (task_trace): {drops}; the receiver got {received} spans in all")
+    report("bench_profiler", medians, "plain", args.out, {
+        "processes": args.processes, "rounds": args.rounds, "drops_1000_steps": drops, "receiver_spans": received,
+        "per_process": runs, "exporter": "OTLP/HTTP to a local receiver process",
+        "targets": {"training_trace": {"mlp": "<= 1.03", "cnn": "<= 1.01"}, "task_trace": {"cnn": "<= 1.05"},
+                    "dropped_1000_steps": 0, "vs torch.profiler + export": "lower per step"}})
+
+
+if __name__ == "__main__":
+    main()
