@@ -141,6 +141,31 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-o", "--output", help="the image to write (default: FILE with the format's extension)")
     g.add_argument("--format", choices=("svg", "png", "pdf"), default="svg")
 
+    p = sub.add_parser("dump", help="data dumps (MindSpore layout) and exception/NaN captures: list, statistics, "
+                       "diff two runs", description="Views of a data dump folder (the dump config's path, a rank "
+                       "folder or an iteration folder). --json: one JSON document (ls, diff), JSON lines (stats). "
+                       "Exit 1 when diff finds a divergence or a file is damaged, 2 on bad input.")
+    dsub = p.add_subparsers(dest="dump_command", metavar="ACTION")
+    dsub.required = True
+    d = dsub.add_parser("ls", help="iterations (tensors, size, statistic.csv) and exception/NaN captures")
+    d.add_argument("path", help="the dump folder")
+    d.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    d = dsub.add_parser("stats", help="rows of statistic.csv: per op, input/output slot, the chosen statistics")
+    d.add_argument("path", help="the dump folder")
+    d.add_argument("--op", metavar="REGEX", help="only ops whose name or type matches")
+    d.add_argument("--iteration", type=int, help="only this iteration")
+    d.add_argument("--io", choices=("input", "output"), help="only inputs or outputs")
+    d.add_argument("--limit", type=int, help="at most N rows")
+    d.add_argument("--json", action="store_true", help="machine-readable output (JSON lines: one row per line)")
+    d = dsub.add_parser("diff", help="the first op (in execution order) whose statistics, or values, diverge "
+                        "between two runs; exit 1 if one does")
+    d.add_argument("a", help="the first dump folder")
+    d.add_argument("b", help="the second dump folder")
+    d.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
+    d.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance (default 1e-8)")
+    d.add_argument("--iteration", type=int, help="only this iteration")
+    d.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+
     p = sub.add_parser("run", help="run a Python script with obs settings applied (like python -m cProfile)")
     p.set_defaults(usage_error=p.error)
     _settings_arguments(p)
@@ -228,6 +253,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         from obs.cli._print_view import run_print
 
         return run_print(args.file, follow=args.follow, as_json=args.json, partial=args.partial)
+    if args.command == "dump":
+        from obs.cli import _dump_view as dump_view
+
+        if args.dump_command == "ls":
+            return dump_view.run_ls(args.path, as_json=args.json)
+        if args.dump_command == "stats":
+            return dump_view.run_stats(args.path, op=args.op, iteration=args.iteration, io=args.io,
+                                       as_json=args.json, limit=args.limit)
+        return dump_view.run_diff(args.a, args.b, rtol=args.rtol, atol=args.atol, iteration=args.iteration,
+                                  as_json=args.json)
     if args.command == "rdr":
         from obs.cli import _rdr_view as view
 

@@ -1,0 +1,147 @@
+"""DumpReader, statistic.csv reader, and `obs dump ls / stats / diff` on real dumps (subprocesses for the CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import obs
+from obs._core.errors import DamagedFileError, NotOurFileError
+from obs.dump import DumpReader
+from obs.dump.diff import diff_dumps
+from obs.dump.reader import read_statistic_csv
+from obs.runtime.steps import tracker
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.fc2 = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def dump_run(root, *, saved="full", steps=2, plant=None, seed=0):
+    cfg = {"dump": {"common_dump_settings": {
+        "dump_mode": 0, "path": str(root), "net_name": "Net", "iteration": "all", "saved_data": saved,
+        "input_output": 0, "kernels": [], "support_device": [0],
+        "statistic_category": ["max", "min", "avg", "nan count", "l2norm"]}}}
+    root.parent.mkdir(parents=True, exist_ok=True)
+    path = root.parent / f"{root.name}.json"
+    path.write_text(json.dumps(cfg))
+    torch.manual_seed(seed)
+    net = Net()
+    if plant is not None:
+        with torch.no_grad():
+            plant(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    data = [torch.randn(3, 4) for _ in range(steps)]
+    obs.set_context(env_config_path=str(path))
+    for x in data:
+        net(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    obs.reset_context()
+    tracker.reset()
+    return root
+
+
+def obs_cli(*args):
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "obs", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_reader_iterates_steps_ops_tensors_and_statistics(tmp_path):
+    root = dump_run(tmp_path / "a")
+    reader = DumpReader(str(root))
+    assert [(s.rank, s.net, s.graph, s.iteration) for s in reader.steps()] == [(0, "Net", 0, 0), (0, "Net", 0, 1)]
+    first = reader.steps()[0]
+    tensors = list(reader.tensors(first))
+    rows = list(reader.statistics(first))
+    assert len(tensors) == len(rows) > 20
+    assert [(t.op_name, t.io, t.slot) for t in tensors] == [(r.op_name, r.io, r.slot) for r in rows]
+    addmm_out = next(t for t in tensors if t.op_name == "Default_net-Net_fc1-Linear_Addmm-op1" and t.io == "output")
+    row = next(r for r in rows if (r.op_name, r.io) == (addmm_out.op_name, "output"))
+    array = addmm_out.load()
+    assert row.shape == array.shape == (3, 8) and row.data_type == "float32" and row.data_size == 96
+    assert row.stats["max"] == pytest.approx(float(array.max())) and row.stats["nan count"] == 0
+    assert row.stats["l2norm"] == pytest.approx(float(np.linalg.norm(array)), rel=1e-5)
+    assert reader.select("fc2.*Addmm", io="output", iterations=[1])[0].step.iteration == 1
+    assert reader.execution_order()[1] == "Default/net-Net/fc1-Linear/Addmm-op1"
+    # an iteration folder alone is a dump too
+    assert [s.iteration for s in DumpReader(first.path).steps()] == [0]
+
+
+def test_reader_errors(tmp_path):
+    with pytest.raises(NotOurFileError, match="no data dump here"):
+        DumpReader(str(tmp_path))
+    bad = tmp_path / "statistic.csv"
+    head, good = ("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,Max Value\n",
+                  "Relu,x,0,0,1,input,0,4,float32,\"(1)\",1.5\n")
+    bad.write_text(head + good + "Relu,x,0,0,1,sideways,0,4,float32,\"(1)\",1.5\n")
+    offset = len(head) + len(good)
+    with pytest.raises(DamagedFileError, match=f"bad row at byte offset {offset}: IO 'sideways'") as info:
+        read_statistic_csv(str(bad))
+    assert info.value.offset == offset and info.value.path == str(bad)
+    bad.write_text("a,b\n")
+    with pytest.raises(NotOurFileError, match="not a statistic.csv"):
+        read_statistic_csv(str(bad))
+
+
+def test_diff_finds_a_planted_divergence_and_none_between_equal_runs(tmp_path):
+    a = dump_run(tmp_path / "a")
+    b = dump_run(tmp_path / "b")
+    c = dump_run(tmp_path / "c", plant=lambda net: net.fc2.weight.mul_(1.01))
+    same = diff_dumps(DumpReader(str(a)), DumpReader(str(b)))
+    assert same.first is None and same.mode == "statistics" and same.compared > 50
+    found = diff_dumps(DumpReader(str(a)), DumpReader(str(c))).first
+    assert (found.iteration, found.op_name, found.io, found.slot) == (0, "Default_net-Net_fc2-Linear_T-op4", "input", 0)
+    # tensors only: compared value by value
+    ta, tc = dump_run(tmp_path / "ta", saved="tensor"), dump_run(tmp_path / "tc", saved="tensor",
+                                                                   plant=lambda net: net.fc2.bias.add_(1e-3))
+    found = diff_dumps(DumpReader(str(ta)), DumpReader(str(tc)))
+    assert found.mode == "tensors" and found.first.op_name == "Default_net-Net_fc2-Linear_Addmm-op5"
+    assert (found.first.io, found.first.slot, found.first.what) == ("input", 0, "values")
+
+
+def test_cli_ls_stats_diff(tmp_path):
+    a = dump_run(tmp_path / "a")
+    c = dump_run(tmp_path / "c", plant=lambda net: net.fc1.bias.add_(0.5))
+    result = obs_cli("dump", "ls", str(a), "--json")
+    assert result.returncode == 0, result.stderr
+    listing = json.loads(result.stdout)
+    assert [s["iteration"] for s in listing["steps"]] == [0, 1] and all(s["statistic_csv"] for s in listing["steps"])
+    result = obs_cli("dump", "stats", str(a), "--op", "Relu", "--iteration", "1", "--json")
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert result.returncode == 0 and {r["op_type"] for r in lines} == {"Relu"} and {r["iteration"] for r in lines} == {1}
+    result = obs_cli("dump", "stats", str(a), "--op", "Relu")
+    assert result.returncode == 0 and "Default_net-Net_fc1-Linear" not in result.stdout and "Relu" in result.stdout
+    result = obs_cli("dump", "diff", str(a), str(c))
+    assert result.returncode == 1 and "first divergence" in result.stdout
+    assert "Default_net-Net_fc1-Linear_Addmm-op1" in result.stdout
+    result = obs_cli("dump", "diff", str(a), str(a), "--json")
+    assert result.returncode == 0 and json.loads(result.stdout)["diverged"] is False
+    result = obs_cli("dump", "ls", str(tmp_path / "nothing-here"))
+    assert result.returncode == 2 and "no such folder" in result.stderr
+    result = obs_cli("dump", "stats", str(a), "--op", "(")
+    assert result.returncode == 2
+
+
+def test_cli_ls_lists_exception_captures(tmp_path):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"exception_dump": {"enable": True, "path": str(tmp_path)}}))
+    obs.set_context(env_config_path=str(cfg))
+    with pytest.raises(RuntimeError):
+        Net()(torch.randn(2, 5))
+    result = obs_cli("dump", "ls", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    [capture] = json.loads(result.stdout)["captures"]
+    assert capture["kind"] == "exception_dump" and capture["scope"] == "Default/net-Net/fc1-Linear"
