@@ -25,6 +25,16 @@ def describe(cfg: EnvConfig) -> list[str]:
     else:
         lines.append("Running Data Recorder off (rdr.enable is false)")
     lines.append(f"device memory reuse {'on' if cfg.values['sys']['mem_reuse'] else 'off'}")
+    if cfg.values.get("exception_dump", {}).get("enable"):
+        lines.append(f"exception dump ON (mode {cfg.values['exception_dump']['mode']}): the failing op or module's "
+                     "inputs go to <path>/rank_<r>/exception_dump/")
+    if cfg.values.get("nan_check", {}).get("enable"):
+        lines.append(f"NaN/Inf check ON at {cfg.values['nan_check']['granularity']} granularity "
+                     f"(then {cfg.values['nan_check']['action']})")
+    if cfg.values.get("dump", {}).get("common_dump_settings"):
+        from obs.dump.config import describe_dump, parse_dump_config
+
+        lines += describe_dump(parse_dump_config(cfg.values["dump"]))
     return lines
 
 
@@ -34,6 +44,12 @@ def run_check(path: str, *, as_json: bool) -> int:
         raise FileNotFoundError(errno.ENOENT, f"env config file {path!r} does not exist")
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, f"env config file {path!r} is a folder, not a JSON file")
+    from obs.dump.config import is_dump_config
+
+    if is_dump_config(path):  # MINDSPORE_DUMP_CONFIG's format
+        from obs.cli._dump_view import run_config_check
+
+        return run_config_check(path, as_json=as_json)
     try:
         cfg = resolve(load_file(path), os.environ)
     except ConfigFileError as exc:

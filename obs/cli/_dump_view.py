@@ -181,3 +181,39 @@ def run_diff(a: str, b: str, *, rtol: float, atol: float, iteration: int | None,
     table.add_row("B", markup_text(_fmt(d.b)))
     out.print(table)
     return EXIT_FAILURE
+
+
+# -- config check --------------------------------------------------------------------------------
+def run_config_check(path: str, *, as_json: bool) -> int:
+    """``obs config check`` of a dump config file: exit 0 valid, 1 with every problem listed."""
+    from obs.dump.config import DumpConfigError, describe_dump, load_dump_config
+
+    try:
+        cfg = load_dump_config(path)
+    except DumpConfigError as exc:
+        if as_json:
+            print_json({"file": path, "kind": "dump", "valid": False,
+                        "problems": [{"key": key, "message": message} for key, message in exc.problems]})
+        else:
+            err = err_console()
+            count = len(exc.problems)
+            err.print(f"[bold red]obs: dump config {markup_text(path)} is invalid[/] ({count} "
+                      f"problem{'s' * (count != 1)}):", markup=True)
+            for _, message in exc.problems:
+                err.print(f"  [red]✗[/] {markup_text(message)}", markup=True)
+        return EXIT_FAILURE
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+              if f.name not in ("raw", "iterations", "kernel_filter", "source")}
+    if as_json:
+        print_json({"file": path, "kind": "dump", "valid": True, "settings": fields, "turns_on": describe_dump(cfg)})
+        return EXIT_OK
+    out = console()
+    table = Table(title=f"{markup_text(path)}: valid dump config", title_justify="left")
+    table.add_column("key")
+    table.add_column("value")
+    for key, value in fields.items():
+        table.add_row(key, markup_text(repr(value)))
+    out.print(table)
+    for line in describe_dump(cfg):
+        out.print(f"• {markup_text(line)}")
+    return EXIT_OK

@@ -21,6 +21,9 @@ def apply_settings(config: str | None, sets: list[tuple[str, Any]]) -> None:
         kwargs["env_config_path"] = config
     if kwargs:
         obs.set_context(**kwargs)
+    from obs.dump.feature import feature as dump_feature
+
+    dump_feature.start_from_environment()  # MINDSPORE_DUMP_CONFIG / OBS_DUMP_CONFIG, as at a first set_context
 
 
 def say_what_obs_wrote() -> None:

@@ -383,3 +383,32 @@ def check_dump_section(values: Mapping[str, Any]) -> str:
     except DumpConfigError as exc:
         return str(exc)
     return ""
+
+
+def is_dump_config(path: str) -> bool:
+    """Whether ``path`` holds a dump config (a JSON object with ``common_dump_settings`` at the top), not an env
+    config file; False for anything unreadable (the env config checker then says why)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.loads(fh.read(1 << 24))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "common_dump_settings" in data
+
+
+def describe_dump(cfg: DumpConfig) -> list[str]:
+    """Plain sentences saying what a dump config does."""
+    what = {"statistic": "statistics (statistic.csv)", "tensor": "tensors (.npy)", "full": "tensors and statistics"}
+    io = {0: "inputs and outputs", 1: "inputs", 2: "outputs"}[cfg.input_output]
+    ops = "every op" if cfg.dump_mode == 0 or cfg.kernel_filter.everything else f"the ops in kernels {list(cfg.kernels)}"
+    if cfg.op_debug_mode == 3:
+        return [f"NaN/Inf check (op_debug_mode 3): the first op output holding NaN/Inf is dumped under "
+                f"{cfg.path}/rank_<r>/nan_check/"]
+    if cfg.op_debug_mode == 4:
+        return [f"exception dump (op_debug_mode 4): the inputs of a failing op or module go to "
+                f"{cfg.path}/rank_<r>/exception_dump/"]
+    lines = [f"data dump of {what[cfg.saved_data]}: {io} of {ops}, iterations {cfg.iteration}, into "
+             f"{cfg.path}/rank_<r>/{cfg.net_name}/0/<iteration>/"]
+    if cfg.statistics:
+        lines.append("statistics: " + ", ".join(cfg.statistic_category))
+    return lines

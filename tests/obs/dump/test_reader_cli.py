@@ -145,3 +145,39 @@ def test_cli_ls_lists_exception_captures(tmp_path):
     assert result.returncode == 0, result.stderr
     [capture] = json.loads(result.stdout)["captures"]
     assert capture["kind"] == "exception_dump" and capture["scope"] == "Default/net-Net/fc1-Linear"
+
+
+def test_config_check_validates_a_dump_config(tmp_path):
+    good = tmp_path / "dump.json"
+    good.write_text(json.dumps({"common_dump_settings": {
+        "dump_mode": 1, "path": str(tmp_path), "net_name": "Net", "iteration": "0|5-8", "input_output": 0,
+        "kernels": ["relu"], "support_device": [0]}}))
+    result = obs_cli("config", "check", str(good), "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["kind"] == "dump" and data["valid"] and "iterations 0|5-8" in data["turns_on"][0]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"common_dump_settings": {"dump_mode": 0, "path": str(tmp_path), "net_name": "N",
+                                                        "iteration": "5-2", "input_output": 7, "kernels": [],
+                                                        "support_device": [0]}}))
+    result = obs_cli("config", "check", str(bad))
+    assert result.returncode == 1
+    assert "the part \"5-2\" is reversed" in result.stderr and "'common_dump_settings.input_output'" in result.stderr
+
+
+def test_obs_run_reads_the_dump_config_variable(tmp_path):
+    cfg = tmp_path / "dump.json"
+    cfg.write_text(json.dumps({"common_dump_settings": {
+        "dump_mode": 0, "path": str(tmp_path / "out"), "net_name": "Tiny", "iteration": "1", "saved_data": "statistic",
+        "input_output": 2, "kernels": [], "support_device": [0]}}))
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nnet = torch.nn.Linear(3, 1)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+                      "for _ in range(3):\n    net(torch.randn(2, 3)).sum().backward(); opt.step(); opt.zero_grad()\n")
+    env = {**os.environ, "MINDSPORE_DUMP_CONFIG": str(cfg)}
+    result = subprocess.run([sys.executable, "-m", "obs", "run", str(script)], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "wrote data dump" in result.stderr
+    reader = DumpReader(str(tmp_path / "out"))
+    assert [s.iteration for s in reader.steps()] == [1]
+    assert {r.io for r in reader.statistics()} == {"output"}
