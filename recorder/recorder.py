@@ -30,6 +30,7 @@ from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
 from recorder.graphs import remove_graphs, write_graph
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
+from recorder.handlers import hotpath, module_handlers, op_handler
 from recorder.layout import DEFAULT_CAPACITY, Kind
 from recorder.ring import RingWriter
 from recorder.ring_reader import RingContents, read_ring
@@ -171,89 +172,20 @@ class Recorder:
         if level >= 3:
             self._subscribe_ops()
 
-    # The two hot paths below write their slot inline (one Python call per event): every
-    # attribute lookup and call here is paid per module call or per aten op.  When the C hot path
-    # is built (recorder/_hotpath.c) it does the same work; these are the fallback and reference.
+    # The module and op handlers (recorder/handlers.py) write their slot inline, through the C hot path
+    # (recorder/_hotpath.c) when it is built; the Python ones are the fallback and the reference.
     def _subscribe_modules(self) -> None:
-        hot = _hotpath()
-        if hot is not None:
-            writer = hot.SlotWriter(*self._slot_args("module"))
+        enter, exit_, writer = module_handlers(self.ring, hotpath(), self)
+        if writer is not None:
             self._writers.append(writer)
-            self._subs.append(bus.subscribe(Event.MODULE_ENTER, writer.enter))
-            self._subs.append(bus.subscribe(Event.MODULE_EXIT, writer.exit))
-            return
-        pack, mm, base, cap, size, counter, seq, clock = self.ring.slots("module")
-        ids, intern = self.ring.ids, self.ring.intern
-        enter_kind, exit_kind = int(Kind.MODULE_ENTER), int(Kind.MODULE_EXIT)
-        me = self
-
-        def on_enter(scope: str, module: Any) -> None:
-            sid = ids.get(scope)
-            if sid is None:
-                sid = intern(scope)
-            idx = next(counter)
-            pack(mm, base + (idx % cap) * size, next(seq), idx + 1, clock(), enter_kind, 0, sid, me.step, 0, 0)
-
-        def on_exit(scope: str, module: Any, error: Any) -> None:
-            sid = ids.get(scope)
-            if sid is None:
-                sid = intern(scope)
-            idx = next(counter)
-            pack(mm, base + (idx % cap) * size, next(seq), idx + 1, clock(), exit_kind, error is not None, sid,
-                 me.step, 0, 0)
-
-        self._subs.append(bus.subscribe(Event.MODULE_ENTER, on_enter))
-        self._subs.append(bus.subscribe(Event.MODULE_EXIT, on_exit))
+        self._subs.append(bus.subscribe(Event.MODULE_ENTER, enter))
+        self._subs.append(bus.subscribe(Event.MODULE_EXIT, exit_))
 
     def _subscribe_ops(self) -> None:
-        import torch
-
-        from obs._core.internal import SUPPRESSION
-
-        ids, intern = self.ring.ids, self.ring.intern
-        signatures: dict[tuple[Any, ...], tuple[int, int]] = {}
-        tensor_type = torch.Tensor
-        kind = int(Kind.OP)
-
-        def describe(name: str, args: Any) -> tuple[int, int]:
-            return intern(name.removesuffix(".default")), intern(_describe(args))
-
-        hot = _hotpath()
-        if hot is not None:
-            writer = hot.SlotWriter(*self._slot_args("op"), tensor_type=tensor_type, signatures=signatures,
-                                    describe=describe, state=SUPPRESSION)
+        handler, writer = op_handler(self.ring, hotpath())
+        if writer is not None:
             self._writers.append(writer)
-            self._subs.append(bus.subscribe(Event.OP, writer.op))
-            return
-        pack, mm, base, cap, size, counter, seq, clock = self.ring.slots("op")
-
-        def on_op(name: str, args: Any, kwargs: Any, duration_ns: int, error: Any) -> None:
-            key: list[Any] = [name]
-            for arg in args:
-                if isinstance(arg, tensor_type):
-                    key.append(arg.shape)
-                    key.append(arg.dtype)
-                else:
-                    key.append(arg.__class__)
-            key_t = tuple(key)
-            ids_pair = signatures.get(key_t)
-            if ids_pair is None:
-                ids_pair = signatures[key_t] = describe(name, args)
-            stack = SUPPRESSION.stack
-            scope = stack[-1] if stack else ""
-            sid = ids.get(scope)
-            if sid is None:
-                sid = intern(scope)
-            idx = next(counter)
-            pack(mm, base + (idx % cap) * size, next(seq), idx + 1, clock(), kind, error is not None, ids_pair[0],
-                 sid, duration_ns, ids_pair[1])
-
-        self._subs.append(bus.subscribe(Event.OP, on_op))
-
-    def _slot_args(self, ring: str) -> tuple[Any, ...]:
-        target = self.ring.slots(ring)
-        return (target.mm, target.base, target.capacity, target.counter, target.seq, self.ring.ids,
-                self.ring.intern)
+        self._subs.append(bus.subscribe(Event.OP, handler))
 
     # -- low-rate events (blobs) --------------------------------------------------------------
     def _on_print(self, values: Any, meta: Any) -> None:
@@ -522,28 +454,6 @@ class Recorder:
         except OSError:
             return False
         return True
-
-
-def _hotpath() -> Any:
-    """The C hot path, unless it is not built or ``OBS_RDR_PURE_PYTHON=1`` asks for the Python one."""
-    if os.environ.get("OBS_RDR_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from recorder import _hotpath as module
-    except ImportError:
-        return None
-    return module
-
-
-def _describe(args: Any) -> str:
-    """``float32[64, 784]@cpu float32[784, 256]@cpu int`` for an op's positional inputs (once per signature)."""
-    parts = []
-    for arg in args:
-        if hasattr(arg, "shape") and hasattr(arg, "dtype") and hasattr(arg, "device"):
-            parts.append(f"{str(arg.dtype).removeprefix('torch.')}{list(arg.shape)}@{arg.device}")
-        else:
-            parts.append(type(arg).__name__)
-    return " ".join(parts)
 
 
 def _tensor_summary(item: Any) -> str:
