@@ -28,6 +28,7 @@ from recorder.recover import near
 
 __all__ = ["Analysis", "CollectiveRecord", "Mismatch", "RankState", "Straggler", "analyze"]
 
+_MAX_RANKS = 1 << 16  # a rank or world size beyond this in a file is damage, not a job
 _SEND, _RECV = frozenset({"send", "isend"}), frozenset({"recv", "irecv"})
 
 
@@ -116,7 +117,7 @@ class Analysis:
     @property
     def consistent(self) -> bool:
         return not (self.culprits or self.mismatches or self.stuck or self.no_bundle or self.raised
-                    or self.nan)
+                    or self.nan or self.problems)
 
 
 def analyze(root: str) -> Analysis:
@@ -131,7 +132,7 @@ def analyze(root: str) -> Analysis:
     run_id = listing.bundles[0].run_id if listing.bundles else None
     newest: dict[int, BundleInfo] = {}
     for info in listing.bundles:  # newest first
-        if info.run_id == run_id and info.rank not in newest:
+        if info.run_id == run_id and info.rank not in newest and _is_rank(info.rank):
             newest[info.rank] = info
     other_runs = sorted({b.run_id for b in listing.bundles if b.run_id != run_id})
     rings = defaultdict(list)
@@ -147,11 +148,12 @@ def analyze(root: str) -> Analysis:
             continue
         ranks.append(state)
         timelines[rank] = timeline
-        world = max(world, size or 1)
+        world = max(world, size if _is_rank(size) else 1)
         faults += fault
     for marker in markers.values():
-        world = max(world, int(marker.get("world_size") or 1))
-    world = max([world] + [r + 1 for r in newest] + [r + 1 for r in markers])
+        size = marker.get("world_size")
+        world = max(world, size if _is_rank(size) else 1)
+    world = min(_MAX_RANKS, max([world] + [r + 1 for r in newest] + [r + 1 for r in markers]))
     have = {s.rank for s in ranks}
     no_bundle = [r for r in range(world) if r not in have]
     for r in no_bundle:
@@ -178,9 +180,17 @@ def _markers(root: str) -> dict[int, dict[str, Any]]:
             data = parse_json(safe_files.read_private(path), path)
         except BAD_FILE:
             continue
-        if isinstance(data, dict) and isinstance(data.get("rank"), int) and "unresolved" not in path:
+        if isinstance(data, dict) and _is_rank(data.get("rank")) and "unresolved" not in path:
             out.setdefault(data["rank"], data)
     return out
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _is_rank(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_RANKS
 
 
 def _rank_of_folder(path: str) -> int | None:
@@ -215,7 +225,7 @@ def _read_rank(rank: int, info: BundleInfo) -> tuple[RankState, dict[str, dict[i
     for event in bundle.select({"collective", "fault"}):
         if event["kind"] == "fault":
             if "nan" in str(event.get("fault", "")).lower() or "nan" in str(event.get("detail", "")).lower()[:40]:
-                faults.append({"rank": rank, "step": int(event.get("step") or 0), "t": event["t"],
+                faults.append({"rank": rank, "step": _int(event.get("step")), "t": event["t"],
                                "fault": str(event.get("fault")), "detail": str(event.get("detail", ""))})
             continue
         fields = parse_collective_desc(str(event.get("desc", "")))
@@ -224,7 +234,7 @@ def _read_rank(rank: int, info: BundleInfo) -> tuple[RankState, dict[str, dict[i
             continue
         before = timeline[group].get(seq)
         record = CollectiveRecord(group, seq, fields["op"], fields.get("sizes", []), fields.get("dtype"),
-                                  str(event.get("state")), int(event.get("step") or 0),
+                                  str(event.get("state")), _int(event.get("step")),
                                   before.t if before else int(event["t"]), fields.get("ranks"))
         timeline[group][seq] = record
         last = record
@@ -262,7 +272,7 @@ def _mismatches(timelines: dict[int, dict[str, dict[int, CollectiveRecord]]], wo
         # a ring keeps only its newest collectives: compare from where every member's record starts
         lo = max((min(per_rank[r]) if per_rank[r] else 1) for r in members)
         hi = max((max(per_rank[r]) if per_rank[r] else 0) for r in members)
-        for seq in range(lo, hi + 1):
+        for seq in sorted({q for r in members for q in per_rank[r] if lo <= q <= hi}):
             mismatch = _compare(group, seq, {r: per_rank[r] for r in members})
             if mismatch is not None:
                 found.append(mismatch)

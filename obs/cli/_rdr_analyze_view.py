@@ -13,6 +13,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from obs.cli._rdr_view import _reason, default_root
 from obs.cli._render import clean, console, err_console, print_json
 from recorder.analyze import Analysis, analyze
 
@@ -22,8 +23,6 @@ EXIT_OK, EXIT_PROBLEM = 0, 1
 
 
 def run_analyze(path: str | None, *, as_json: bool) -> int:
-    from obs.cli._rdr_view import default_root
-
     result = analyze(path or default_root())
     status = EXIT_OK if result.consistent else EXIT_PROBLEM
     if as_json:
@@ -78,7 +77,7 @@ def _ranks_table(a: Analysis) -> Table:
     for s in a.ranks:
         last = s.last_collective
         last_text = f"{last.group} #{last.seq} {last.op} {last.state}" if last else ""
-        bundle = f"{s.reason}{' (recovered)' if s.recovered else ''}" if s.bundle else "none"
+        bundle = _reason(s.reason or "?", s.recovered) if s.bundle else "none"
         note: Any = s.exception or s.note or ""
         if s.exception and s.raised_in_collective:
             note = f"{s.exception} (in a collective)"
