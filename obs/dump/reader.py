@@ -27,7 +27,8 @@ from obs._core.errors import DamagedFileError, NotOurFileError
 from obs.dump.config import CATEGORY_COLUMNS
 from obs.dump.stats import FIXED_COLUMNS
 
-__all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "parse_tensor_name", "read_statistic_csv"]
+__all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "load_npy", "parse_tensor_name",
+           "read_statistic_csv"]
 
 _MAX_CSV = 1 << 30  # a statistic.csv larger than this is not one of ours
 _COLUMN_KEYS = {column: key for key, column in reversed(CATEGORY_COLUMNS.items())}
@@ -62,13 +63,37 @@ class TensorFile:
     step: Step | None = None
 
     def load(self) -> np.ndarray:
-        """The array (numpy.load without pickles, opened without following symlinks)."""
-        data = safe_files.read_private(self.path)
-        try:
-            return np.load(io.BytesIO(data), allow_pickle=False)
-        except (ValueError, EOFError, OSError) as exc:
-            raise DamagedFileError(f"{self.path}: not a readable .npy file ({exc})", path=self.path,
-                                   offset=0) from None
+        """The array (opened without following symlinks; no pickles; the header must match the file's size)."""
+        return load_npy(self.path)
+
+
+def load_npy(path: str) -> np.ndarray:
+    """A ``.npy`` file's array, checked before anything is allocated: a header that promises more (or less) data
+    than the file holds, an object dtype or a bad header is :class:`DamagedFileError` with the byte offset."""
+    data = safe_files.read_private(path)
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize errors, ...
+        raise DamagedFileError(f"{path}: not a readable .npy header ({exc})", path=path, offset=0) from None
+    start = stream.tell()
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise DamagedFileError(f"{path}: .npy dtype {dtype} holds no plain data", path=path, offset=start)
+    count = 1
+    for dim in shape:
+        count *= dim
+    if count * dtype.itemsize != len(data) - start:
+        raise DamagedFileError(f"{path}: the header at byte 0 promises {count * dtype.itemsize} bytes of "
+                               f"{dtype} {shape} but {len(data) - start} follow it (byte offset {start})", path=path,
+                               offset=start)
+    array = np.frombuffer(data, dtype=dtype, count=count, offset=start)
+    return array.reshape(shape, order="F" if fortran else "C")
 
 
 @dataclass(frozen=True)
