@@ -1,6 +1,7 @@
 """One rank of a gloo job under torchrun; a scenario goes wrong at step 3 (see test_dist.py).
 
 Usage: torchrun --nproc-per-node N dist_script.py CONFIG PIDS_DIR SCENARIO
+   or: python dist_script.py CONFIG PIDS_DIR spawn   (two ranks by torch.multiprocessing.spawn, DDP)
 Each step: the gradients of a small net all_reduced (4 collectives), then the loss all_reduced and
 a stop flag broadcast from rank 0.
 
@@ -25,21 +26,9 @@ import torch.distributed as dist
 import obs
 
 config, pids, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-with open(os.path.join(pids, f"{os.getpid()}.pid"), "w") as fh:  # the test kills whatever is left
-    fh.write(str(rank))
-
-obs.set_context(env_config_path=config, op_timeout=2)
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=6))
-torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-if scenario == "ddp":
-    net = torch.nn.parallel.DistributedDataParallel(net)
-opt = torch.optim.SGD(net.parameters(), lr=0.1)
-sub = dist.new_group([0, world - 1])  # every rank makes every group, in the same order
 
 
-def load_batch(step):
+def load_batch(rank, step):
     if step == 3 and rank == 1 and scenario == "raises":
         raise RuntimeError("rank 1 lost its data loader at step 3")
     if step == 3 and rank == 1 and scenario == "kill":
@@ -47,27 +36,49 @@ def load_batch(step):
     return torch.randn(2, 4)
 
 
-for step in range(1, 5):
-    with obs.step():
-        loss = net(load_batch(step)).sum()
-        loss.backward()
-        if scenario != "ddp":
-            for p in net.parameters():
-                dist.all_reduce(p.grad)
-        opt.step()
-        opt.zero_grad()
-        total = loss.detach().reshape(1)
-        if scenario == "size" and step == 3 and rank == 1:
-            total = torch.cat([total, total])
-        if not (scenario == "skip" and step == 3 and rank == world - 1):
-            dist.all_reduce(total)
-        stop = torch.zeros(1)
-        dist.broadcast(stop, 0)
-        if scenario == "clean":
-            dist.all_reduce(total, dist.ReduceOp.MAX, sub)  # the group by position; a no-op off the group
-            dist.all_reduce(total, async_op=True).wait()
-            if rank == 0:
-                dist.send(total, 1)
-            elif rank == 1:
-                dist.recv(total, 0)
-dist.destroy_process_group()
+def train(rank, world, init_method="env://"):
+    with open(os.path.join(pids, f"{os.getpid()}.pid"), "w") as fh:  # the test kills whatever is left
+        fh.write(str(rank))
+    obs.set_context(env_config_path=config, op_timeout=2)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=6))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    ddp = scenario in ("ddp", "spawn")
+    if ddp:
+        net = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    sub = dist.new_group([0, world - 1])  # every rank makes every group, in the same order
+    for step in range(1, 5):
+        with obs.step():
+            loss = net(load_batch(rank, step)).sum()
+            loss.backward()
+            if not ddp:
+                for p in net.parameters():
+                    dist.all_reduce(p.grad)
+            opt.step()
+            opt.zero_grad()
+            total = loss.detach().reshape(1)
+            if scenario == "size" and step == 3 and rank == 1:
+                total = torch.cat([total, total])
+            if not (scenario == "skip" and step == 3 and rank == world - 1):
+                dist.all_reduce(total)
+            stop = torch.zeros(1)
+            dist.broadcast(stop, 0)
+            if scenario == "clean":
+                dist.all_reduce(total, dist.ReduceOp.MAX, sub)  # the group by position; a no-op off the group
+                dist.all_reduce(total, async_op=True).wait()
+                if rank == 0:
+                    dist.send(total, 1)
+                elif rank == 1:
+                    dist.recv(total, 0)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if scenario == "spawn":  # torch.multiprocessing: no RANK in the environment, the rank known at init
+        import torch.multiprocessing as mp
+
+        mp.spawn(train, args=(2, f"file://{os.path.join(os.path.dirname(pids), 'store')}"), nprocs=2)
+    else:
+        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))

@@ -44,15 +44,17 @@ def _kill_leftovers(pids_dir):
 
 
 def torchrun(tmp_path, ranks, scenario, *, mode=1):
-    """Run the job; returns (torchrun's exit code, its output); no worker outlives it."""
+    """Run the job under torchrun (``ranks=None``: the script spawns its own 2 ranks); returns (the exit code, the
+    output); no worker outlives it."""
     config = tmp_path / "obs.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "mode": mode}}))
     pids = tmp_path / "pids"
     pids.mkdir()
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     env.pop("TORCHELASTIC_RUN_ID", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
-           str(_free_port()), "--monitor-interval", "0.2", SCRIPT, str(config), str(pids), scenario]
+    launcher = [] if ranks is None else ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+                                         "--master-port", str(_free_port()), "--monitor-interval", "0.2"]
+    cmd = [sys.executable, *launcher, SCRIPT, str(config), str(pids), scenario]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     try:
@@ -113,6 +115,19 @@ def test_ddp_bucket_all_reduces_are_on_record_and_consistent(tmp_path):
         assert [r["state"] for r in buckets] == ["scheduled", "completed"] * 4, records
     result = analyze(str(tmp_path / "rdr"))
     assert result.consistent and not result.mismatches, result.verdict
+
+
+def test_ranks_spawned_by_torch_multiprocessing_record_in_their_rank_folders_under_one_run_id(tmp_path):
+    code, out = torchrun(tmp_path, None, "spawn", mode=2)
+    assert code == 0, out
+    assert sorted(os.listdir(tmp_path / "rdr")) == ["rank_0", "rank_1"]  # no rank_unresolved-* left
+    run_ids = {collectives(tmp_path, rank)[0].info.run_id for rank in range(2)}
+    assert len(run_ids) == 1
+    for rank in range(2):
+        _, records = collectives(tmp_path, rank)
+        assert [r["state"] for r in records if "sizes=[[49]]" in r["desc"]] == ["scheduled", "completed"] * 4
+    result = analyze(str(tmp_path / "rdr"))
+    assert result.consistent and result.run_id in run_ids and result.world_size == 2
 
 
 def test_a_rank_that_skips_an_all_reduce_is_named(tmp_path, capsys):
