@@ -147,6 +147,26 @@ def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[
         next_commands.insert(0, f"obs rdr ls {live.config.path or '.'}   # bundles, written {when}")
     else:
         next_commands.insert(1, "obs demo --config obs_config.json --fail-at 20   # with rdr.enable true in the file")
+    _point_to_graphs(produced, next_commands)
+
+
+def _point_to_graphs(produced: list[str], next_commands: list[str]) -> None:
+    from obs.graphs import feature
+
+    if feature.level == 0:
+        next_commands.append("obs demo --set save_graphs=2   # graph/IR dumps: .ir files, verbose copies")
+        return
+    files = feature.files()
+    entries = files.entries
+    if not entries:
+        return
+    stages = ", ".join(sorted({e["stage"] for e in entries}))
+    produced.append(f"{files.folder} ({len(entries)} graph(s): {stages}; index.json lists them)")
+    first = entries[0]["files"]
+    commands = [f"obs graph ls {files.folder}", f"obs graph show {os.path.join(files.folder, first['ir'])}"]
+    if "dot" in first:
+        commands.append(f"obs graph render {os.path.join(files.folder, first['dot'])}")
+    next_commands[0:0] = commands
 
 
 def _point_to_profile(produced: list[str], next_commands: list[str]) -> None:

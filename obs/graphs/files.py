@@ -106,6 +106,12 @@ class GraphFiles:
             outputs.wrote("graph dumps", self.folder)
         return result
 
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        """What ``index.json`` lists so far (copies)."""
+        with self._lock:
+            return [dict(e) for e in self._entries]
+
     def _put(self, relative: str, data: str | bytes) -> None:
         path = os.path.join(self.folder, relative)
         safe_files.ensure_dir(os.path.dirname(path))

@@ -107,3 +107,12 @@ def test_bad_inputs_exit_2(tmp_path):
     assert result.returncode == 2 and "not an IR text file" in result.stderr
     assert obs_cli("graph", "show", str(tmp_path / "missing.ir")).returncode == 2
     assert obs_cli("graph", "ls", str(tmp_path / "missing")).returncode == 2
+
+
+def test_demo_shows_the_feature_and_the_next_commands(tmp_path):
+    result = obs_cli("demo", "--set", "save_graphs=2", "--steps", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"obs graph ls {tmp_path}" in result.stdout and "graph(s): trace" in result.stdout
+    (name,) = [f for f in os.listdir(tmp_path) if f.endswith(".ir")]
+    assert f"obs graph show {tmp_path / name}" in result.stdout
+    assert (tmp_path / "verbose_ir_files" / name).is_file() and "wrote graph dumps" in result.stderr
