@@ -84,5 +84,11 @@ def _ranks_table(a: Analysis) -> Table:
         style = "bold red" if s.rank in a.culprits else ""
         table.add_row(Text(str(s.rank), style=style), Text(clean(bundle), style=style),
                       str(s.step) if s.step is not None else "", Text(clean(last_text)),
-                      Text(clean(str(note)[:300]), style=style))
+                      Text(_short(str(note)), style=style))
     return table
+
+
+def _short(text: str, limit: int = 120) -> str:
+    """The first line of an exception or note, cut at ``limit`` (``--json`` has it whole)."""
+    line = clean(text.strip().splitlines()[0] if text.strip() else "")
+    return line if len(line) <= limit else line[:limit - 1] + "…"
