@@ -2,8 +2,8 @@
  *
  * Same slots, same strings, same counters as the Python handlers in recorder/recorder.py (which
  * remain the fallback and the reference): a SlotWriter holds a writable view of the ring's
- * memory map, the ring's index counter and the global seq counter (both itertools.count, shared
- * with the Python appenders), the string-id dict and the intern callable.  Python's own
+ * memory map, the ring's index counter and the global seq counter (Counter objects from _shared.c, shared
+ * with the Python appenders and the C++ op observer), the string-id dict and the intern callable.  Python's own
  * time.perf_counter_ns() is clock_gettime(CLOCK_MONOTONIC) on Linux, so timestamps agree.
  * tests/perf/bench_rdr.py measures both paths.
  *
@@ -12,8 +12,8 @@
  * so a watcher thread learns of the signal even while the main thread is blocked in C; and die(),
  * which ends the process with a signal's default action from any thread.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_shared.h"
+
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
@@ -46,12 +46,18 @@ typedef struct {
     PyObject *counter, *seq, *ids, *intern;      /* shared with the Python side */
     PyObject *tensor_type, *signatures, *describe, *state;  /* op events only */
     long long step;
+    char track_scope;  /* push/pop scope ids for the native op observer (obs_current_scope) */
 } SlotWriter;
 
 static PyObject *str_shape, *str_dtype, *str_stack, *str_empty;
 
 static int next_u64(PyObject *it, unsigned long long *out) {
-    PyObject *v = PyIter_Next(it);
+    PyObject *v;
+    if (Py_IS_TYPE(it, &CounterType)) {  /* the shared atomic counter: no Python call */
+        *out = counter_take((Counter *)it);
+        return 0;
+    }
+    v = PyIter_Next(it);
     if (v == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ring counter exhausted");
         return -1;
@@ -99,6 +105,10 @@ static int string_id(SlotWriter *w, PyObject *text, long *out) {
 static PyObject *module_event(SlotWriter *w, PyObject *scope, uint16_t kind, uint16_t flags) {
     long sid;
     if (string_id(w, scope, &sid) < 0) return NULL;
+    if (w->track_scope) {
+        if (kind == KIND_MODULE_ENTER) obs_scope_push((int32_t)sid);
+        else obs_scope_pop();
+    }
     if (write_slot(w, kind, flags, (int32_t)sid, w->step, 0, 0) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -286,6 +296,8 @@ static PyMethodDef w_methods[] = {
 
 static PyMemberDef w_members[] = {
     {"step", T_LONGLONG, offsetof(SlotWriter, step), 0, "step number written into module slots"},
+    {"track_scope", T_BOOL, offsetof(SlotWriter, track_scope), 0,
+     "keep this thread's scope stack for the native op observer (module writers of its ring only)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -431,6 +443,10 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     Py_INCREF(&SlotWriterType);
     if (PyModule_AddObject(m, "SlotWriter", (PyObject *)&SlotWriterType) < 0) {
         Py_DECREF(&SlotWriterType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (shared_add_to_module(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

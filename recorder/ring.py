@@ -19,7 +19,8 @@ PHASE           phase      step      begin t_ns   end t_ns (phase: 0 data, 1 for
 
 Strings (scopes, op names, signatures) are interned once into the file's string table, so the
 reader can name everything after the writer is gone.  Threads append concurrently: ``next()``
-on an ``itertools.count`` is atomic under the GIL and each append owns its slot.
+on a counter is atomic (a C ``Counter`` with the hot path built, else an ``itertools.count``
+under the GIL) and each append owns its slot.
 """
 
 from __future__ import annotations
@@ -107,10 +108,18 @@ class RingWriter:
         self._strings_at = strings.offset
         self._strings_end = strings.offset + strings.capacity
         self._strings_lock = threading.Lock()
-        self.seq = itertools.count(1)
-        self._blob_idx = itertools.count(0)
+        from recorder.handlers import hotpath
+
+        hot = hotpath()
+        # With the C hot path, counters and the string table are C objects that the native op
+        # observer (recorder/native_ops.py) also appends through, without the GIL.
+        count = hot.Counter if hot is not None else itertools.count
+        self.table = None if hot is None else hot.StringTable(self._mm, strings.offset, strings.capacity,
+                                                               STRINGS_USED_AT)
+        self.seq = count(1)
+        self._blob_idx = count(0)
         self.blobs = blobs
-        self._counters = {r.name: itertools.count(0) for r in rings}
+        self._counters = {r.name: count(0) for r in rings}
         self.rings = {r.name: r for r in rings}
         self.intern("")  # id 0: no scope / unknown
 
@@ -125,6 +134,11 @@ class RingWriter:
             if sid is not None:
                 return sid
             data = text.encode("utf-8", "surrogatepass")
+            if self.table is not None:
+                sid = self.table.append(data)
+                if sid >= 0:
+                    self.ids[text] = sid
+                return sid
             at = self._strings_at
             if at + 4 + len(data) > self._strings_end:
                 return -1
@@ -136,6 +150,13 @@ class RingWriter:
             sid = len(self.ids)
             self.ids[text] = sid
             return sid
+
+    def recorded(self) -> int:
+        """How many slots and blobs have been written so far (read without drawing a number)."""
+        seq = self.seq
+        if isinstance(seq, itertools.count):
+            return int(repr(seq)[6:-1]) - 1  # its repr is "count(N)"
+        return int(seq.value) - 1
 
     # -- slots ------------------------------------------------------------------------------
     def slots(self, ring: str) -> SlotTarget:
@@ -174,6 +195,7 @@ class RingWriter:
         """In a forked child: forget the parent's map without closing or unlinking anything.
 
         The child's copy of the descriptor is closed; the lock stays with the parent's."""
+        self.table = None  # not released: its mutex may have been held by another thread at the fork
         self._mm = None
         fd, self._fd = self._fd, None
         if fd is not None:
@@ -187,6 +209,8 @@ class RingWriter:
         return self._mm is None
 
     def close(self, *, remove: bool) -> None:
+        if self.table is not None:
+            self.table.release()
         mm, self._mm = self._mm, None
         if mm is not None:
             mm.close()
