@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from obs._core import safe_files
 from recorder.bundle_reader import BAD_FILE, BundleInfo, list_bundles, load_bundle, parse_json
 from recorder.collective_desc import parse_collective_desc
 from recorder.recover import near
@@ -139,12 +140,13 @@ def analyze(root: str) -> Analysis:
     for ring in listing.rings:
         rings[_rank_of_folder(ring.path)].append(os.path.basename(ring.path))
 
-    ranks, timelines, world, faults = [], {}, 1, []
+    ranks, timelines, world, faults, unreadable = [], {}, 1, [], {}
     for rank, info in sorted(newest.items()):
         try:
             state, timeline, size, fault = _read_rank(rank, info)
         except BAD_FILE as exc:
             problems.append(str(exc))
+            unreadable[rank] = f"its newest bundle cannot be read: {exc}"
             continue
         ranks.append(state)
         timelines[rank] = timeline
@@ -157,7 +159,8 @@ def analyze(root: str) -> Analysis:
     have = {s.rank for s in ranks}
     no_bundle = [r for r in range(world) if r not in have]
     for r in no_bundle:
-        ranks.append(RankState(r, None, note=_why_no_bundle(markers.get(r), rings.get(r), run_id)))
+        ranks.append(RankState(r, None, note=unreadable.get(r) or _why_no_bundle(markers.get(r), rings.get(r),
+                                                                                  run_id)))
     ranks.sort(key=lambda s: s.rank)
 
     out = Analysis(os.path.abspath(root), run_id, world, ranks, no_bundle, other_runs=other_runs, problems=problems)
@@ -175,8 +178,6 @@ def _markers(root: str) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for path in near(root, "marker.json"):
         try:
-            from obs._core import safe_files
-
             data = parse_json(safe_files.read_private(path), path)
         except BAD_FILE:
             continue
