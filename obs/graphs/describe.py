@@ -35,29 +35,34 @@ def dtype_name(dtype: Any) -> str:
 
 
 def _dim(d: Any) -> int | str:
-    try:
-        return int(d)
-    except Exception:  # a symbolic size: keep its expression
-        return re.sub(r"[^\w*+\-/ ]", "", str(d)) or "s"
+    if type(d) is int:
+        return d
+    # A symbolic size: its expression.  Never int(d): that would specialize the symbol (add a guard).
+    return re.sub(r"[^\w*+\-/ ]", "", str(d)) or "s"
+
+
+def _dims(dims: Any) -> tuple[int | str, ...]:
+    dims = tuple(dims)
+    return dims if all(type(d) is int for d in dims) else tuple(_dim(d) for d in dims)
 
 
 def abstract_of(value: Any, *, extras: bool = True) -> Abstract:
     """The type of a value FX recorded (a fake tensor, a SymInt, a Python scalar, a tuple of them)."""
     if value is None:
         return Abstract("None")
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
+    if isinstance(value, torch.Tensor) or hasattr(value, "shape") and hasattr(value, "dtype"):
         more: list[str] = []
         if extras:
             try:
-                more.append("strides=(" + ", ".join(str(_dim(s)) for s in value.stride()) + ")")
-            except Exception:
+                more.append("strides=(" + ", ".join(map(str, _dims(value.stride()))) + ")")
+            except Exception:  # no strides (sparse, nested): the other extras still tell
                 pass
             device = getattr(value, "device", None)
             if device is not None:
                 more.append(f"device={device}")
             if getattr(value, "requires_grad", False):
                 more.append("requires_grad")
-        return Abstract("Tensor", dtype_name(value.dtype), tuple(_dim(d) for d in value.shape), tuple(more))
+        return Abstract("Tensor", dtype_name(value.dtype), _dims(value.shape), tuple(more))
     if isinstance(value, bool):
         return Abstract("Bool")
     if isinstance(value, int):
@@ -214,6 +219,7 @@ def describe(gm: torch.fx.GraphModule, name: str, *, stage: str, root_class: str
     (torch.export's signature)."""
     graph = Graph(name, attrs={"stage": stage})
     refs: dict[Any, str] = {}
+    types: dict[Any, Abstract] = {}  # each node's value, described once
     counters: dict[str, int] = {}
     backward_stage = stage.endswith("backward")
     output = None
@@ -247,9 +253,8 @@ def describe(gm: torch.fx.GraphModule, name: str, *, stage: str, root_class: str
         scope = "/".join((["Gradients"] if backward else []) + ["Default"] + cells + [f"{short}-op{k}"])
         args = [literal(a, refs) for a in node.args]
         kwargs = {str(key): literal(v, refs) for key, v in node.kwargs.items()}
-        inputs = [_input_type(a) for a in node.args]
-        value = node.meta.get("val", node.meta.get("example_value"))
-        graph.nodes.append(Node(index, node.name, op, args, kwargs, inputs, [abstract_of(value)], scope,
+        inputs = [_input_type(a, types) for a in node.args]
+        graph.nodes.append(Node(index, node.name, op, args, kwargs, inputs, [_input_type(node, types)], scope,
                                 frames_of(node.meta.get("stack_trace"))))
         refs[node] = f"%{index}"
         index += 1
@@ -257,7 +262,7 @@ def describe(gm: torch.fx.GraphModule, name: str, *, stage: str, root_class: str
         result = output.args[0] if output.args else None
         items = list(result) if isinstance(result, (tuple, list)) else [result]
         graph.returns = [literal(v, refs) for v in items]
-        graph.return_types = [_input_type(v) for v in items]
+        graph.return_types = [_input_type(v, types) for v in items]
         cells = scope_parts(None, root_class, keep_class)
         graph.return_scope = "/".join((["Gradients"] if backward_stage else []) + ["Default"] + cells + ["Return-op0"])
     return IrFile(name, [graph], {k: str(v) for k, v in (attrs or {}).items()})
@@ -298,11 +303,14 @@ def _add_param(graph: Graph, refs: dict[Any, str], node: torch.fx.Node, name: st
     refs[node] = param.ref
 
 
-def _input_type(value: Any) -> Abstract:
+def _input_type(value: Any, types: dict[Any, Abstract]) -> Abstract:
     if isinstance(value, torch.fx.Node):
-        return abstract_of(value.meta.get("val", value.meta.get("example_value")))
+        found = types.get(value)
+        if found is None:
+            found = types[value] = abstract_of(value.meta.get("val", value.meta.get("example_value")))
+        return found
     if isinstance(value, (tuple, list)) and any(isinstance(v, torch.fx.Node) for v in value):
-        return Abstract("Tuple", elements=tuple(_input_type(v) for v in value))
+        return Abstract("Tuple", elements=tuple(_input_type(v, types) for v in value))
     return abstract_of(value)
 
 

@@ -43,8 +43,14 @@ def _plain(a: Abstract) -> Abstract:
                     a.elements)
 
 
-def _types(items: list[Abstract], verbose: bool) -> str:
-    return "(" + ", ".join(_abstract(a, verbose) for a in items) + ")"
+def _types(items: list[Abstract], verbose: bool, memo: dict[int, str]) -> str:
+    parts = []
+    for a in items:  # the same Abstract object is often an output and then several inputs: format it once
+        text = memo.get(id(a))
+        if text is None:
+            text = memo[id(a)] = _abstract(a, verbose)
+        parts.append(text)
+    return "(" + ", ".join(parts) + ")"
 
 
 def _frames(frames: list[str], verbose: bool) -> list[str]:
@@ -54,12 +60,12 @@ def _frames(frames: list[str], verbose: bool) -> list[str]:
     return [one] if one else []
 
 
-def _node(node: Node, verbose: bool, out: list[str]) -> None:
+def _node(node: Node, verbose: bool, out: list[str], memo: dict[int, str]) -> None:
     line = f"  %{node.index}({node.name}) = {node.op}({', '.join(node.args)})"
     if node.attrs:
         line += " primitive_attrs: {" + ", ".join(f"{k}: {v}" for k, v in node.attrs.items()) + "}"
     out.append(line)
-    out.append(f"      : {_types(node.inputs, verbose)} -> {_types(node.outputs, verbose)}")
+    out.append(f"      : {_types(node.inputs, verbose, memo)} -> {_types(node.outputs, verbose, memo)}")
     out.append(f"      # Fullname with scope: ({node.scope})")
     for frame in _frames(node.frames, verbose):
         out.append(f"      # In file {frame}")
@@ -76,10 +82,11 @@ def _graph(graph: Graph, verbose: bool, out: list[str]) -> None:
     for frame in _frames(graph.frames, verbose):
         out.append(f"# In file {frame}")
     out.append(f"subgraph @{graph.name}({', '.join(p.ref for p in graph.params)}) {{")
+    memo: dict[int, str] = {}
     for node in graph.nodes:
-        _node(node, verbose, out)
+        _node(node, verbose, out, memo)
     out.append(f"  Return({', '.join(graph.returns)})")
-    out.append(f"      : {_types(graph.return_types, verbose)}")
+    out.append(f"      : {_types(graph.return_types, verbose, memo)}")
     out.append(f"      # Fullname with scope: ({graph.return_scope})")
     out.append("}")
 
