@@ -23,6 +23,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from obs.dump.stats import csv_header, statistics
 from obs.runtime.steps import tracker
 from obs.settings.parallel import rank
 
-__all__ = ["DataDump", "op_type", "tensor_file_name"]
+__all__ = ["DataDump", "op_type"]
 
 GRAPH_ID = 0
 ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"
@@ -52,12 +53,6 @@ def op_type(name: str) -> str:
     """``addmm.default`` → ``Addmm``; ``native_batch_norm_backward.default`` → ``NativeBatchNormBackward``."""
     base = name.split(".", 1)[0]
     return "".join(part[:1].upper() + part[1:] for part in base.split("_") if part) or "Op"
-
-
-def tensor_file_name(kind: str, full_name: str, timestamp_us: int, io: str, slot: int, dtype: str) -> str:
-    """The original's tensor file name (task and stream ids 0, ``DefaultFormat``)."""
-    return f"{escape_name(kind, limit=48)}.{escape_name(full_name)}.0.0.{timestamp_us}.{io}.{slot}.DefaultFormat." \
-           f"{escape_name(dtype, limit=16)}.npy"
 
 
 def _slots(args: Any) -> list[tuple[int, torch.Tensor]]:
@@ -100,6 +95,8 @@ class DataDump:
         self._subs: list[Subscription] = []
         self._demand: Any = None
         self._types: dict[str, str] = {}
+        self._names: dict[str, str] = {}
+        self._seen: dict[int, tuple[Any, int, list[Any]]] = {}
         self.spans = ModuleSpans()
         self._lock = threading.Lock()
         self._metadata_written = False
@@ -148,6 +145,7 @@ class DataDump:
         iteration = self.config.initial_iteration + step - 1
         self.iteration, self._count = iteration, 0
         self._order, self._rows = [], []
+        self._seen.clear()
         self.active = iteration in self.config.iterations and bool(self.config.e2e.get("enable", True))
         if self.active:
             if not self._metadata_written:
@@ -174,6 +172,7 @@ class DataDump:
                                     "".join(f"{i}\n" for i in self._dumped), fsync=False)
         outputs.wrote("data dump", self._folder)
         self._rows, self._order = [], []
+        self._seen.clear()
 
     # -- ops --------------------------------------------------------------------------------------
     def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
@@ -182,7 +181,7 @@ class DataDump:
         n, self._count = self._count, self._count + 1
         kind = self._types.get(name)
         if kind is None:
-            kind = self._types[name] = op_type(name)
+            kind = self._types[name] = escape_name(op_type(name), limit=48)
         node = current_node()
         if node is not None:  # run by autograd: named after the forward module that made the node
             scope = "Gradients/" + (self.spans.module_of(node) or "Default")
@@ -206,20 +205,39 @@ class DataDump:
         except Exception as exc:
             report_internal_error("data dump op", exc)
 
+    def _escaped(self, full: str) -> str:
+        escaped = self._names.get(full)
+        if escaped is None:
+            if len(self._names) > 1 << 16:
+                self._names.clear()
+            escaped = self._names[full] = escape_name(full)
+        return escaped
+
+    def _statistics(self, tensor: torch.Tensor) -> list[Any]:
+        """Statistics of ``tensor``, computed once per step: an op's output is usually the next op's input."""
+        key, version = id(tensor), tensor._version
+        seen = self._seen.get(key)
+        if seen is not None and seen[0]() is tensor and seen[1] == version:
+            return seen[2]
+        values = statistics(tensor, self.config.statistic_category)
+        self._seen[key] = (weakref.ref(tensor), version, values)
+        return values
+
     def _tensor(self, kind: str, full: str, io: str, slot: int, tensor: torch.Tensor) -> None:
         if tensor.layout is not torch.strided or tensor.device.type == "meta":
             return
         stamp = time.time_ns() // 1000
         dtype = ms_dtype(tensor)
         if self.config.tensors:
-            path = os.path.join(self._folder, tensor_file_name(kind, full, stamp, io, slot, dtype))
+            path = os.path.join(self._folder, f"{kind}.{self._escaped(full)}.0.0.{stamp}.{io}.{slot}.DefaultFormat."
+                                              f"{dtype}.npy")
             header, data = npy_bytes(host_array(tensor))
             write_new(path, header, data)
         if self.config.statistics:
-            values = statistics(tensor, self.config.statistic_category)
+            values = self._statistics(tensor)
             integral = not (tensor.is_floating_point() or tensor.is_complex())
             shape = "(" + ",".join(str(int(d)) for d in tensor.shape) + ")"
-            fields = [escape_name(kind, limit=48), escape_name(full), "0", "0", str(stamp), io, str(slot),
+            fields = [kind, self._escaped(full), "0", "0", str(stamp), io, str(slot),
                       str(tensor.numel() * tensor.element_size()), str(tensor.dtype).removeprefix("torch."),
                       f'"{shape}"']
             fields += [_number(v, integral and c in _INT_CATEGORIES) for c, v in

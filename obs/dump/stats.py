@@ -9,6 +9,7 @@ requested numbers are stacked and read back in one transfer.  Everything runs un
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,67 +49,97 @@ def nonfinite_counts(tensor: torch.Tensor) -> tuple[int, int, int] | None:
 
 
 
+def _unexpanded(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """An expanded tensor's distinct elements and how often each repeats (reductions over stride-0 views are
+    very slow on CPU: 17-43 ms for a 500k-element expand, against 0.05 ms for the same data contiguous)."""
+    repeat = 1
+    for dim, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        if stride == 0 and size > 1:
+            t = t.narrow(dim, 0, 1)
+            repeat *= size
+    return t, repeat
+
+
+_COUNTS = ("nan count", "positive inf count", "negative inf count")
+_ZEROS = ("zero count", "positive zero count", "negative zero count")
+_HASHES = ("md5", "hash:md5", "hash", "hash:sha1")
+
+
 def statistics(tensor: torch.Tensor, categories: Sequence[str]) -> list[Any]:
-    """One value per category, in order; ``None`` for max/min/avg when no element is finite."""
+    """One value per category, in order; ``None`` for max/min/avg when no element is finite.
+
+    Stage one reads back, in one transfer, what every tensor needs (min and max in one pass, the sum
+    or the norm) plus a gate; only a tensor whose gate is not finite pays stage two: exact NaN/Inf
+    counts and min/max/avg over its finite elements.
+    """
+    need = set(categories)
     with suppressed():
         t = tensor.detach()
         if t.is_complex():
             t = t.abs()
-        floating = t.is_floating_point()
+        if t.dtype == torch.bool:
+            t = t.to(torch.uint8)
         n = t.numel()
-        need = set(categories)
-        values: dict[str, Any] = {}
-        numbers: list[torch.Tensor] = []
+        t, repeat = _unexpanded(t)
+        floating = t.is_floating_point()
+        values: dict[str, Any] = {"count": n}
         names: list[str] = []
+        parts: list[torch.Tensor] = []
 
         def add(name: str, value: torch.Tensor) -> None:
             names.append(name)
-            numbers.append(value.to(torch.float64).reshape(()))
+            parts.append(value.reshape(()).to(torch.float64))
 
-        finite_all = True
-        if floating and n:
-            finite_all = bool(torch.isfinite(t.sum()))
-        base = t
-        if not finite_all:
-            base = t[torch.isfinite(t)]
-        if t.dtype == torch.bool:
-            base = base.to(torch.uint8)
-        if need & {"max", "min", "avg"}:
-            if base.numel():
-                if need & {"max", "min"}:
-                    lo, hi = torch.aminmax(base)
-                    add("max", hi)
-                    add("min", lo)
-                if "avg" in need:
-                    add("avg", base.to(torch.float64).mean())
+        if n:
+            if need & {"max", "min"}:
+                # aminmax is one pass over contiguous memory but slow on permuted views, where amax/amin are not
+                lo, hi = torch.aminmax(t) if t.is_contiguous() else (t.amin(), t.amax())
+                add("min", lo)
+                add("max", hi)
+            if "avg" in need or not (need & {"max", "min", "l2norm"}) and floating:
+                add("sum", t.sum(dtype=torch.float64) if not floating else t.sum())
+            if "l2norm" in need:
+                add("l2norm", torch.linalg.vector_norm(t if floating else t.to(torch.float64)))
+            if need.intersection(_ZEROS):
+                zero = t == 0
+                add("zero count", zero.sum())
+                if floating:
+                    add("negative zero count", (zero & torch.signbit(t)).sum())
+        read = dict(zip(names, torch.stack(parts).tolist())) if parts else {}
+        if repeat > 1:  # the values of an expanded tensor, repeated
+            for key in ("sum", "zero count", "negative zero count"):
+                if key in read:
+                    read[key] *= repeat
+            if "l2norm" in read:
+                read["l2norm"] *= math.sqrt(repeat)
+        finite = not floating or not n or all(math.isfinite(read[k]) for k in ("min", "max", "sum", "l2norm")
+                                              if k in read)
+        if finite:
+            values.update({k: 0 for k in _COUNTS})
+            if n:
+                values.update(max=read.get("max"), min=read.get("min"),
+                              avg=read["sum"] / n if "sum" in read else None)
             else:
                 values.update(max=None, min=None, avg=None)
-        if "count" in need:
-            values["count"] = n
-        if need & {"nan count", "positive inf count", "negative inf count"}:
-            if finite_all:
-                values.update({"nan count": 0, "positive inf count": 0, "negative inf count": 0})
-            else:
-                add("nan count", torch.isnan(t).sum())
-                add("positive inf count", (t == float("inf")).sum())
-                add("negative inf count", (t == float("-inf")).sum())
-        if need & {"zero count", "positive zero count", "negative zero count"}:
-            zero = t == 0
-            add("zero count", zero.sum())
-            if floating:
-                neg = (zero & torch.signbit(t)).sum()
-                add("negative zero count", neg)
-                add("positive zero count", zero.sum() - neg)
-            else:
-                values["negative zero count"] = 0
-                add("positive zero count", zero.sum())
-        if "l2norm" in need:
-            add("l2norm", torch.linalg.vector_norm(t.to(torch.float64) if not floating else t).to(torch.float64)
-                if n else torch.zeros((), dtype=torch.float64))
-        if numbers:
-            for name, value in zip(names, torch.stack(numbers).tolist()):
-                values[name] = value
-        if need & {"md5", "hash:md5", "hash", "hash:sha1"}:
+        else:  # stage two: exact counts, and min/max/avg over the finite elements
+            mask = torch.isfinite(t)
+            kept = t[mask]
+            exact = [torch.isnan(t).sum(), (t == float("inf")).sum(), (t == float("-inf")).sum()]
+            if kept.numel():
+                lo, hi = torch.aminmax(kept)
+                exact += [lo, hi, kept.sum()]
+            got = torch.stack([v.to(torch.float64) for v in exact]).tolist()
+            values.update(zip(_COUNTS, (c * repeat for c in got[:3])))
+            values.update(min=got[3], max=got[4], avg=got[5] / len(kept)) if kept.numel() else \
+                values.update(min=None, max=None, avg=None)
+        values["l2norm"] = read.get("l2norm", 0.0)
+        if "zero count" in read:
+            values["zero count"] = read["zero count"]
+            values["negative zero count"] = read.get("negative zero count", 0)
+            values["positive zero count"] = read["zero count"] - values["negative zero count"]
+        if not n:
+            values.update({k: 0 for k in _ZEROS})
+        if need.intersection(_HASHES):
             from obs.dump._tensors import host_array
 
             raw = host_array(tensor).tobytes()
@@ -117,8 +148,7 @@ def statistics(tensor: torch.Tensor, categories: Sequence[str]) -> list[Any]:
     out = []
     for c in categories:
         v = values.get(c)
-        if c in ("count", "nan count", "positive inf count", "negative inf count", "zero count",
-                 "positive zero count", "negative zero count") and v is not None:
+        if v is not None and (c in _COUNTS or c in _ZEROS or c == "count"):
             v = int(v)
         out.append(v)
     return out
