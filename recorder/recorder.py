@@ -125,6 +125,7 @@ class Recorder:
         self._dumping: int | None = None  # ident of the thread inside dump(), read without the lock
         self._subs: list[Subscription] = []
         self._writers: list[Any] = []  # C SlotWriters (recorder/_hotpath.c), released before the ring closes
+        self._module_writer: Any = None  # the C module writer, which keeps scopes for the native op observer
         self._subscribe()
         self.mark("running")
 
@@ -176,12 +177,21 @@ class Recorder:
     # (recorder/_hotpath.c) when it is built; the Python ones are the fallback and the reference.
     def _subscribe_modules(self) -> None:
         enter, exit_, writer = module_handlers(self.ring, hotpath(), self)
+        self._module_writer = writer
         if writer is not None:
             self._writers.append(writer)
         self._subs.append(bus.subscribe(Event.MODULE_ENTER, enter))
         self._subs.append(bus.subscribe(Event.MODULE_EXIT, exit_))
 
     def _subscribe_ops(self) -> None:
+        # PyTorch's RecordFunction, observed in C++ (recorder/native_ops.py), where it can be built:
+        # no Python per op.  Otherwise the dispatch mode's OP events.
+        from recorder import native_ops
+
+        native = native_ops.attach(self.ring, self._module_writer)
+        if native is not None:
+            self._writers.append(native)
+            return
         handler, writer = op_handler(self.ring, hotpath())
         if writer is not None:
             self._writers.append(writer)

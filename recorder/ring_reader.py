@@ -14,6 +14,7 @@ the step ring (the step of the latest step event before the slot, by ``seq``).
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import os
 import struct
@@ -127,7 +128,7 @@ def _format(kind: int, c: dict[str, list[Any]]) -> list[str]:
                 for s, w, f, n, st in zip(seq, t, flags, a, b)]
     if kind == Kind.OP:
         return [f'{{"seq":{s},"t":{w},"kind":"op","name":{n},"scope":{sc},"step":{st},"duration_ns":{du},'
-                f'"inputs":{i}{_ERR[f & 1]}}}'
+                f'"inputs":{i}{_op_flags(f)}}}'
                 for s, w, f, n, sc, st, du, i in zip(seq, t, flags, a, c["b_name"], step, dur, c["d_name"])]
     if kind == Kind.STEP_BEGIN:
         return [f'{{"seq":{s},"t":{w},"kind":"step_begin","step":{st}}}' for s, w, st in zip(seq, t, b)]
@@ -145,6 +146,14 @@ def _format(kind: int, c: dict[str, list[Any]]) -> list[str]:
 
 
 _ERR = ("", ',"error":true')
+
+
+@functools.lru_cache(maxsize=1024)
+def _op_flags(flags: int) -> str:
+    """An op slot's flags as JSON members: bit 0 error, bit 1 nested in another op, bits 4-15 the native
+    observer's thread number (0: recorded by the Python dispatch mode, which has none)."""
+    thread = flags >> 4
+    return _ERR[flags & 1] + (',"nested":true' if flags & 2 else "") + (f',"thread":{thread}' if thread else "")
 
 
 def _merge(lines: list[str], seqs: list[int], extra: list[tuple[int, str]]) -> list[str]:

@@ -22,6 +22,7 @@ except ImportError:  # built by `pip install -e .` (setup.py); optional where th
 
 
 def record(tmp_path, monkeypatch, pure: bool):
+    monkeypatch.setenv("OBS_NATIVE_OPS", "0")  # both through the dispatch mode (tests/recorder/test_native_ops.py)
     if pure:
         monkeypatch.setenv("OBS_RDR_PURE_PYTHON", "1")
     else:
