@@ -1,6 +1,6 @@
 """Cost of recording collectives on a 2-rank DDP training loop (gloo, CPU).
 
-Run: python tests/perf/bench_dist.py [--rounds 12] [--jobs 3] [--out bench-dist.json]
+Run: python tests/perf/bench_dist.py [--rounds 12] [--jobs 3] [--steps 40] [--out bench-dist.json]
 Target (issue "Multi-rank"): recording collectives adds <= 2% per step over the same run without obs.
 
 Two ranks (torch.multiprocessing, one core each where the machine has two) train the same
@@ -13,6 +13,9 @@ DistributedDataParallel model; in each round both switch between variants in the
 - ``rdr module``: the RDR's default granularity (modules too).
 
 Each job reports rank 0's median step time per variant; the table is the median over ``--jobs`` jobs.
+The same loop on one rank (a world of 1: DDP still reduces through gloo) shows the per-step cost
+without the other rank's noise: on a shared 2-core machine two ranks wait on each other's
+scheduling, and their ratios move by several percent from job to job.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch.multiprocessing as mp  # noqa: E402
 import obs  # noqa: E402
 from _harness import Workload, measure, report  # noqa: E402
 
-WORLD = 2
+WORLD = 2  #: ranks of the multi-rank job (a one-rank job runs first)
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -69,11 +72,11 @@ def _noop():
     return obs.subscribe(obs.Event.COLLECTIVE, lambda record: None).remove
 
 
-def _rank(rank: int, store: str, rounds: int, out: str) -> None:
-    if len(os.sched_getaffinity(0)) >= WORLD:
+def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) -> None:
+    if len(os.sched_getaffinity(0)) >= world:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     tmp = tempfile.mkdtemp(prefix=f"obs-bench-dist-{rank}-")
     plain = _workload(torch.nn.parallel.DistributedDataParallel(_model(0)), "plain")
     stop = _rdr(tmp, "step")()
@@ -95,7 +98,7 @@ def _rank(rank: int, store: str, rounds: int, out: str) -> None:
             return setup() if setup is not None else (lambda: None)
         return run
 
-    mixed = Workload("ddp mlp", lambda: current["workload"].step(), 40)
+    mixed = Workload("ddp mlp", lambda: current["workload"].step(), steps)
     medians = measure(mixed, {name: switch(name) for name in variants}, rounds)
     collectives = []
     with obs.subscribe(obs.Event.COLLECTIVE, collectives.append):
@@ -111,23 +114,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--jobs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per variant per round")
     parser.add_argument("--out", default="bench-dist.json")
     args = parser.parse_args()
-    jobs = []
-    for job in range(args.jobs):
-        tmp = tempfile.mkdtemp(prefix="obs-bench-dist-")
-        result = os.path.join(tmp, "result.json")
-        mp.spawn(_rank, args=(os.path.join(tmp, "store"), args.rounds, result), nprocs=WORLD, join=True)
-        with open(result) as fh:
-            jobs.append(json.load(fh))
-        print(f"job {job + 1}/{args.jobs}: " + "  ".join(f"{k} {v:.3f} ms" for k, v in jobs[-1]["medians"].items()))
-    names = list(jobs[0]["medians"])
-    medians = {name: statistics.median(j["medians"][name] for j in jobs) for name in names}
-    report("bench_dist (2 ranks, gloo, DDP MLP)", {"ddp mlp": medians}, "plain", args.out, {
-        "jobs": args.jobs, "rounds": args.rounds,
-        "collective_events_per_step": jobs[0]["collectives_per_step"],
-        "per_job": [j["medians"] for j in jobs], "targets": {"rdr step": "<= 1.02"}})
-
+    results, per_job, events = {}, {}, 0
+    for world in (1, WORLD):
+        jobs = []
+        for job in range(args.jobs):
+            tmp = tempfile.mkdtemp(prefix="obs-bench-dist-")
+            result = os.path.join(tmp, "result.json")
+            mp.spawn(_rank, args=(world, os.path.join(tmp, "store"), args.rounds, args.steps, result), nprocs=world,
+                     join=True)
+            with open(result) as fh:
+                jobs.append(json.load(fh))
+            print(f"{world} rank(s), job {job + 1}/{args.jobs}: "
+                  + "  ".join(f"{k} {v:.3f} ms" for k, v in jobs[-1]["medians"].items()))
+        name = f"ddp mlp, {world} rank{'s' if world > 1 else ''}"
+        results[name] = {v: statistics.median(j["medians"][v] for j in jobs) for v in jobs[0]["medians"]}
+        per_job[name] = [j["medians"] for j in jobs]
+        events = jobs[0]["collectives_per_step"]
+    report("bench_dist (gloo, DDP MLP)", results, "plain", args.out, {
+        "jobs": args.jobs, "rounds": args.rounds, "steps_per_round": args.steps,
+        "collective_events_per_step": events, "per_job": per_job, "targets": {"rdr step": "<= 1.02"}})
 
 if __name__ == "__main__":
     main()
