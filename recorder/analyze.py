@@ -29,6 +29,7 @@ from recorder.recover import near
 
 __all__ = ["Analysis", "CollectiveRecord", "Mismatch", "RankState", "Straggler", "analyze"]
 
+_NAN_FAULTS = ("nan_inf",)  # the FAULT kind of obs.dump's NaN/Inf check
 _MAX_RANKS = 1 << 16  # a rank or world size beyond this in a file is damage, not a job
 _SEND, _RECV = frozenset({"send", "isend"}), frozenset({"recv", "irecv"})
 
@@ -225,7 +226,7 @@ def _read_rank(rank: int, info: BundleInfo) -> tuple[RankState, dict[str, dict[i
     last: CollectiveRecord | None = None
     for event in bundle.select({"collective", "fault"}):
         if event["kind"] == "fault":
-            if "nan" in str(event.get("fault", "")).lower() or "nan" in str(event.get("detail", "")).lower()[:40]:
+            if event.get("fault") in _NAN_FAULTS:
                 faults.append({"rank": rank, "step": _int(event.get("step")), "t": event["t"],
                                "fault": str(event.get("fault")), "detail": str(event.get("detail", ""))})
             continue

@@ -10,6 +10,7 @@ skip: the last rank skips step 3's loss all_reduce (it goes on to the broadcast)
 size: rank 1 all_reduces its loss as 2 numbers at step 3.
 raises: rank 1 raises in its data loading at step 3.
 kill: rank 1 SIGKILLs itself at step 3.
+nan: rank 1's batch at step 3 is NaN (the NaN check finds it there; the all_reduce spreads it to rank 0).
 ddp: the net is a DistributedDataParallel (its bucket all_reduces), no explicit gradient reduction.
 """
 
@@ -33,6 +34,8 @@ def load_batch(rank, step):
         raise RuntimeError("rank 1 lost its data loader at step 3")
     if step == 3 and rank == 1 and scenario == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if step == 3 and rank == 1 and scenario == "nan":
+        return torch.full((2, 4), float("nan"))
     return torch.randn(2, 4)
 
 

@@ -43,11 +43,11 @@ def _kill_leftovers(pids_dir):
             pass
 
 
-def torchrun(tmp_path, ranks, scenario, *, mode=1):
+def torchrun(tmp_path, ranks, scenario, *, mode=1, **sections):
     """Run the job under torchrun (``ranks=None``: the script spawns its own 2 ranks); returns (the exit code, the
     output); no worker outlives it."""
     config = tmp_path / "obs.json"
-    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "mode": mode}}))
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "mode": mode}, **sections}))
     pids = tmp_path / "pids"
     pids.mkdir()
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
@@ -183,6 +183,14 @@ def test_a_rank_killed_by_sigkill_is_named_before_and_after_recover(tmp_path, ca
     (first,) = after.mismatches
     assert (first.seq, first.kind, first.sides["never reached it"]) == (FIRST_OF_STEP_3, "missing", [1])
     assert after.ranks[0].last_collective.seq == FIRST_OF_STEP_3
+
+
+def test_the_first_nan_is_named_with_its_rank_and_step(tmp_path):
+    code, out = torchrun(tmp_path, 2, "nan", mode=2, nan_check={"enable": True})
+    assert code == 0, out
+    result = analyze(str(tmp_path / "rdr"))
+    assert (result.nan["rank"], result.nan["step"]) == (1, 3) and result.culprits == [1], result
+    assert not result.mismatches and "first NaN/Inf at step 3" in result.verdict
 
 
 def test_analyze_rejects_a_folder_without_rdr_files(tmp_path, capsys):
