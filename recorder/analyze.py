@@ -345,7 +345,7 @@ def _verdict(out: Analysis) -> None:
         out.verdict = out.mismatches[0].detail
     elif out.nan is not None:
         out.culprits = [out.nan["rank"]]
-        out.verdict = f"rank {out.nan['rank']} saw the first NaN/Inf at step {out.nan['step']}"
+        out.verdict = f"rank {out.nan['rank']} saw the first NaN/Inf at step {out.nan['step']} ({out.nan['detail']})"
     elif out.no_bundle:
         out.culprits = list(out.no_bundle)
         out.verdict = f"rank(s) {_ranks(out.no_bundle)} left no bundle"
