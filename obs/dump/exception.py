@@ -91,8 +91,13 @@ class ExceptionDump:
         if not isinstance(error, Exception) or dump_of(error) is not None:
             return  # KeyboardInterrupt is no failure; the innermost call is already dumped
         if kind == "op":
-            stack = SUPPRESSION.stack
-            scope, op, folder = stack[-1] if stack else "", name, f"{stack[-1] if stack else ''}/{name}"
+            node = torch._C._current_autograd_node()
+            if node is not None:  # an op autograd runs: named after the forward module that made its node
+                scope = "Gradients/" + (self.spans.module_of(node) or "Default")
+            else:
+                stack = SUPPRESSION.stack
+                scope = stack[-1] if stack else ""
+            op, folder = name, f"{scope}/{name}"
         else:
             scope, op, folder = name, type(module).__name__, name
         meta = self._meta(error, kind, op, scope)

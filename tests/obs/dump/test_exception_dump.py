@@ -249,3 +249,25 @@ def test_hostile_module_names_stay_inside_the_dump_folder(tmp_path):
     [folder] = dumps(tmp_path)
     assert folder.parent == tmp_path / "rank_0" / "exception_dump"
     assert "/" not in folder.name and ".." not in folder.name
+
+
+class MatmulInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad @ torch.ones(5, 5)  # an aten op that fails in backward
+
+
+def test_an_op_failing_in_backward_under_op_interception_is_named_after_its_forward_module(tmp_path):
+    arm(tmp_path)
+    obs.subscribe(obs.Event.OP, lambda name, args, kwargs, duration_ns, error: None)  # op interception on
+    loss = Outer(MatmulInBackward)(torch.randn(2, 3))
+    error = failing(loss.backward)
+    assert "cannot be multiplied" in str(error)
+    [folder] = dumps(tmp_path)
+    m = meta(folder)
+    assert (m["kind"], m["op"], m["scope"]) == ("op", "mm.default", "Gradients/Default/net-Outer/inner-Inner")
+    assert [i["shape"] for i in m["inputs"]] == [[2, 3], [5, 5]]
