@@ -28,10 +28,16 @@ _CONTAINERS = {"_modules", "_parameters", "_buffers"}
 _SAFE_REPR = re.compile(r"[\w.:+\-]*")
 
 
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
 def dtype_name(dtype: Any) -> str:
     """MindSpore's name of a torch dtype (``Float32``); unknown ones capitalised (``Float8_e4m3fn``)."""
-    text = str(dtype)
-    return NAME_OF_TORCH.get(text) or text.removeprefix("torch.").capitalize()
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        text = str(dtype)
+        name = _DTYPE_NAMES[dtype] = NAME_OF_TORCH.get(text) or text.removeprefix("torch.").capitalize()
+    return name
 
 
 def _dim(d: Any) -> int | str:

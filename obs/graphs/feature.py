@@ -1,9 +1,10 @@
 """``save_graphs`` wired to the settings: which graphs are written where, and the GRAPH_IR event.
 
-The level in force is ``set_context(save_graphs=...)`` when set, else ``MS_DEV_SAVE_GRAPHS`` (read when
-obs is imported; a bad value warns and is ignored), else 0; the folder likewise
-(``save_graphs_path`` / ``MS_DEV_SAVE_GRAPHS_PATH`` / ``.``), with ``rank_{r}/`` under distributed
-training.  A change applies to the graphs compiled after it.
+The level in force is ``set_context(save_graphs=...)`` when not 0, else the env config file's ``graphs``
+section (hot-reloaded), else ``MS_DEV_SAVE_GRAPHS`` (read when obs is imported; a bad value warns and
+is ignored), else 0; the folder likewise (``save_graphs_path`` / ``graphs.save_graphs_path`` /
+``MS_DEV_SAVE_GRAPHS_PATH`` / ``.``), with ``rank_{r}/`` under distributed training.  A change applies
+to the graphs compiled after it.
 
 - Level >= 1, or anyone subscribed to GRAPH_IR (the recorder): every graph ``obs.compile`` publishes
   (GRAPH_COMPILED) is turned into ``.ir`` text once; files are written at level >= 1 and GRAPH_IR is
@@ -28,6 +29,7 @@ from obs._core.errors import ObsConfigError, shorten
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error, suppressed
 from obs.graphs.files import GraphFiles, Written, graph_folder
+from obs.settings import _env_feature
 
 __all__ = ["ENV_LEVEL", "ENV_PATH", "GraphsFeature", "feature", "level", "parse_env"]
 
@@ -81,6 +83,7 @@ class GraphsFeature:
         self._trace: Any = None  # the armed tracer (obs.graphs.trace), until its step ends
         self.traced = False  #: the eager trace graph of this process was written
         bus.watch(self._on_bus)
+        _env_feature.feature.listeners.append(self._on_env_config)
 
     # -- settings ----------------------------------------------------------------------------
     def from_environment(self, environ: Mapping[str, str] = os.environ) -> None:
@@ -90,25 +93,42 @@ class GraphsFeature:
         try:
             env_level, env_path = parse_env(environ)
             self.env_level, self.env_path = env_level or 0, env_path or "."
-            self._apply(self._desired(snapshot()))
+            self._apply(self.prepare(snapshot(), {}))
         except (ObsConfigError, OSError) as exc:
             from obs.settings._env_feature import ObsConfigWarning
 
             self.env_level, self.env_path = 0, "."
             warnings.warn(f"graph dumps stay off: {exc}", ObsConfigWarning, stacklevel=3)
 
-    def _desired(self, values: Mapping[str, Any]) -> tuple[int, str, bool]:
-        level = values["save_graphs"] if "save_graphs" in values else self.env_level
-        path = values["save_graphs_path"] if "save_graphs_path" in values else self.env_path
-        return level, path, values.get("mode", 1) == 1
+    def _desired(self, values: Mapping[str, Any]) -> tuple[int, str, bool, str]:
+        """Level, folder, PYNATIVE or not, and where the folder came from: set_context, else the env config
+        file's ``graphs`` section, else ``MS_DEV_SAVE_GRAPHS*``, else the defaults."""
+        cfg = _env_feature.feature.current()
+        section, origins = cfg.values.get("graphs", {}), cfg.origins.get("graphs", {})
+        # set_context's value wins unless it is the default (0, "."), which a settings swap cannot tell from unset.
+        level = values.get("save_graphs") or (section["save_graphs"] if origins.get("save_graphs") == "file"
+                                              else self.env_level)
+        if values.get("save_graphs_path", ".") != ".":
+            path, source = values["save_graphs_path"], "save_graphs_path"
+        elif origins.get("save_graphs_path") == "file" and section["save_graphs_path"]:
+            path, source = section["save_graphs_path"], "graphs.save_graphs_path"
+        else:
+            path, source = self.env_path, ENV_PATH
+        return level, path, values.get("mode", 1) == 1, source
 
     def prepare(self, values: Mapping[str, Any], changes: Mapping[str, Any]) -> tuple[int, str, bool]:
-        level, path, pynative = self._desired(values)
-        option = "save_graphs_path" if "save_graphs_path" in values else ENV_PATH
-        return level, check_path(path, option) if level > 0 else os.path.abspath(path), pynative
+        level, path, pynative, source = self._desired(values)
+        return level, check_path(path, source) if level > 0 else os.path.abspath(path), pynative
+
+    def _on_env_config(self) -> None:
+        """The env config file changed (set_context or a hot reload, at a step boundary): its graphs section."""
+        from obs.settings._context import snapshot
+
+        self._apply(self.prepare(snapshot(), {}))
 
     def commit(self, prepared: tuple[int, str, bool], values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
-        self._apply(prepared)
+        # Again: an env config file committed by the same call (before this applier) may have changed it.
+        self._apply(self.prepare(values, changes))
 
     def _apply(self, prepared: tuple[int, str, bool]) -> None:
         level, path, pynative = prepared

@@ -15,7 +15,8 @@ from obs._core.errors import ObsConfigError, ObsConfigTypeError
 from obs.dump.config import JsonObject, check_dump_section
 from obs.settings._table import Option, OptionTable
 from obs.profiling_options import Endpoint, Levels, Steps
-from obs.settings._validators import Bool, Choice, Dict, Int, Str, did_you_mean, json_words, show
+from obs.settings._validators import (Bool, Choice, Dict, Int, SaveGraphsLevel, Str, did_you_mean, json_words,
+                                      show)
 from recorder.layout import DEFAULT_CAPACITY, check_capacity
 
 __all__ = ["ENV_VARS", "SECTIONS", "ConfigFileError", "EnvConfig", "Problem", "load_file", "parse_env", "parse_text",
@@ -80,6 +81,12 @@ SECTIONS: dict[str, OptionTable] = {
         Option("common_dump_settings", JsonObject(), {}, "The data dump's settings, as in MINDSPORE_DUMP_CONFIG's "
                "JSON (dump_mode, path, net_name, iteration, saved_data, input_output, kernels, ...)."),
         Option("e2e_dump_settings", JsonObject(), {}, "The data dump's e2e_dump_settings (enable, trans_flag, ...)."),
+    ]),
+    "graphs": OptionTable("graphs", [
+        Option("save_graphs", SaveGraphsLevel(), 0, "Graph/IR dump level 0-3 (as set_context's save_graphs, which "
+               "wins when set); a reload applies to graphs compiled after it."),
+        Option("save_graphs_path", _ABS, "", "Absolute folder of graph dumps (empty: save_graphs_path, else "
+               "MS_DEV_SAVE_GRAPHS_PATH, else the working directory)."),
     ]),
 }
 

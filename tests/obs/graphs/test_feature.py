@@ -194,3 +194,23 @@ def test_a_recovered_bundle_has_the_graphs_and_a_clean_exit_leaves_none(tmp_path
     done = subprocess.run([sys.executable, str(script), str(clean), "exit"], capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert not (clean / "rdr").exists(), (list(os.walk(clean)), done.stderr[-2000:])  # nothing to report: no folder
+
+
+def test_env_config_graphs_section_and_its_hot_reload(tmp_path):
+    from obs.settings import _env_feature
+
+    config = tmp_path / "obs_config.json"
+    config.write_text(json.dumps({"graphs": {"save_graphs": 1, "save_graphs_path": str(tmp_path / "g")}}))
+    obs.set_context(env_config_path=str(config), mode=obs.GRAPH_MODE)
+    assert (feature.level, feature.path) == (1, str(tmp_path / "g"))
+    config.write_text(json.dumps({"graphs": {"save_graphs": 3, "save_graphs_path": str(tmp_path / "h")}}))
+    assert _env_feature.feature.wait_staged(lambda cfg: cfg.values["graphs"]["save_graphs"] == 3, 10) is not None
+    assert feature.level == 1  # staged: applied at the next step boundary, on the training thread
+    _env_feature.feature.apply_pending()
+    assert (feature.level, feature.path) == (3, str(tmp_path / "h")) and (tmp_path / "h").is_dir()
+    obs.set_context(save_graphs=2)  # set_context wins over the file (unless it is 0: unset)
+    assert feature.level == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"graphs": {"save_graphs": 5}}))
+    with pytest.raises(ValueError, match="graphs.save_graphs.*bool or an int in \\[0, 3\\].*5"):
+        obs.set_context(env_config_path=str(bad))

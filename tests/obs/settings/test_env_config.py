@@ -24,6 +24,7 @@ def test_full_file_is_read(tmp_path):
     for section in ("exception_dump", "nan_check"):
         assert config.pop(section)["enable"] is False
     assert config.pop("dump") == {"common_dump_settings": {}, "e2e_dump_settings": {}}
+    assert config.pop("graphs") == {"save_graphs": 0, "save_graphs_path": ""}
     assert config == {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path), "granularity": "module",
                               "capacity": {}, "hang_action": "dump"},
                       "sys": {"mem_reuse": False}}
@@ -91,7 +92,8 @@ def test_resolve_without_file_gives_defaults():
                                            "exception_dump": {"enable": False, "mode": "2", "path": ""},
                                            "nan_check": {"enable": False, "action": "continue",
                                                          "granularity": "module", "backward": True, "path": ""},
-                                           "dump": {"common_dump_settings": {}, "e2e_dump_settings": {}}}
+                                           "dump": {"common_dump_settings": {}, "e2e_dump_settings": {}},
+                                           "graphs": {"save_graphs": 0, "save_graphs_path": ""}}
 
 
 def test_every_problem_of_a_file_is_reported_at_once_in_json_words(tmp_path):
