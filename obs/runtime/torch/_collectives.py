@@ -14,7 +14,11 @@ group's numbers.  A rank outside the group (the call is a no-op for it) records 
 
 States: a blocking call publishes ``started`` then ``completed`` (or ``failed`` when it raised),
 with its duration; an ``async_op=True`` call (and isend/irecv) publishes ``scheduled``, and
-``completed`` / ``failed`` from a callback of its Work's future when the work completes.
+``completed`` / ``failed`` from a callback of its Work's future when the work completes.  On a
+device (CUDA tensors: NCCL) the call returns, and the future completes, before the device has run
+the collective, so there a blocking call is issued async and waited for as c10d would, and the
+work's completion (``is_completed``, from device events) is polled at the next collective and at
+each step boundary: a collective still running on the device stays ``started``.
 """
 
 from __future__ import annotations
@@ -59,6 +63,13 @@ class _Args:
 
     def _index(self, name: str) -> int | None:
         return self.names.index(name) if name in self.names else None
+
+    def replace(self, index: int, value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) \
+            -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``args`` and ``kwargs`` with the parameter at ``index`` set to ``value`` (where the caller passed it)."""
+        if index < len(args) and self.names[index] not in kwargs:
+            return args[:index] + (value,) + args[index + 1:], kwargs
+        return args, {**kwargs, self.names[index]: value}
 
     def get(self, index: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if index is None:
@@ -130,6 +141,8 @@ class CollectiveHooks:
         self._seq: defaultdict[str, itertools.count[int]] = defaultdict(lambda: itertools.count(1))
         self._groups = _Groups()
         self._inside = _Inside()
+        self._pending: list[tuple[Any, dict[str, Any], int]] = []  #: device work whose completion is polled
+        self._polling = False
         self._originals: dict[str, Any] = {}
         for name in OPS:
             original = getattr(c10d, name, None)
@@ -148,7 +161,7 @@ class CollectiveHooks:
         groups, seqs = self._groups, self._seq
         always_async = name in _ASYNC_ALWAYS
 
-        inside = self._inside
+        inside, pending = self._inside, self._pending
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -158,9 +171,17 @@ class CollectiveHooks:
                 group = spec.get(spec.group, args, kwargs)
                 if group is not None and c10d._rank_not_in_group(group):
                     return original(*args, **kwargs)  # a no-op on this rank: nothing to line up
-                record = _record(name, group, spec, args, kwargs, groups, seqs)
+                if pending:
+                    self.poll()
+                record, tensors = _record(name, group, spec, args, kwargs, groups, seqs)
                 is_async = always_async or bool(spec.get(spec.async_op, args, kwargs))
                 record["state"] = "scheduled" if is_async else "started"
+                # A device backend (NCCL) returns, and completes the work's future, before the device ran
+                # the collective: its completion is found by polling the work (is_completed: device events).
+                polled = _device_work(tensors)
+                call_args, call_kwargs = args, kwargs
+                if polled and not is_async and spec.async_op is not None:
+                    call_args, call_kwargs = spec.replace(spec.async_op, True, args, kwargs)
                 bus.emit(Event.COLLECTIVE, dict(record))
             except Exception as exc:
                 report_internal_error(f"collective {name}", exc)
@@ -168,8 +189,16 @@ class CollectiveHooks:
             start = time.perf_counter_ns()
             inside.depth = 1
             try:
-                result = original(*args, **kwargs)
+                result = original(*call_args, **call_kwargs)
+                if polled and result is not None and hasattr(result, "is_completed"):
+                    self._pend(result, record, start)
+                    if call_args is not args or call_kwargs is not kwargs:  # the caller asked for a blocking call
+                        result.wait()
+                        result = None
+                    return result
             except BaseException as exc:
+                if polled:
+                    self._pending[:] = [p for p in self._pending if p[1] is not record]
                 bus.emit(Event.COLLECTIVE, {**record, "state": "failed", "error": f"{type(exc).__name__}: {exc}",
                                             "duration_ns": time.perf_counter_ns() - start})
                 raise
@@ -184,7 +213,31 @@ class CollectiveHooks:
 
         return collective
 
+    def _pend(self, work: Any, record: dict[str, Any], start: int) -> None:
+        self._pending.append((work, record, start))
+        if not self._polling:  # also at each step boundary, so a finished last collective shows completed
+            from obs.runtime.steps import tracker
+
+            tracker.at_boundary = tracker.at_boundary + (self.poll,)
+            self._polling = True
+
+    def poll(self) -> None:
+        """Publish ``completed`` for the polled device work that has finished (in the order it was issued)."""
+        still = []
+        for work, record, start in list(self._pending):
+            if work.is_completed():
+                bus.emit(Event.COLLECTIVE, {**record, "state": "completed",
+                                            "duration_ns": time.perf_counter_ns() - start})
+            else:
+                still.append((work, record, start))
+        self._pending[:] = still
+
     def remove(self) -> None:
+        if self._polling:
+            from obs.runtime.steps import tracker
+
+            tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.poll)
+            self._polling = False
         for name, original in self._originals.items():
             wrapped = getattr(c10d, name)
             setattr(c10d, name, original)
@@ -194,8 +247,13 @@ class CollectiveHooks:
         self._ddp.remove()
 
 
+def _device_work(tensors: list[torch.Tensor]) -> bool:
+    """Whether the collective runs on a device (CUDA: NCCL), whose work completes after the call returns."""
+    return bool(tensors) and tensors[0].device.type != "cpu"
+
+
 def _record(name: str, group: Any, spec: _Args, args: tuple[Any, ...], kwargs: dict[str, Any], groups: _Groups,
-            seqs: defaultdict[str, itertools.count[int]]) -> dict[str, Any]:
+            seqs: defaultdict[str, itertools.count[int]]) -> tuple[dict[str, Any], list[torch.Tensor]]:
     tensors = _tensors(args, kwargs)
     key = groups.name(group)
     record: dict[str, Any] = {"op": name, "group": key}
@@ -210,7 +268,7 @@ def _record(name: str, group: Any, spec: _Args, args: tuple[Any, ...], kwargs: d
         record.update(group=key, peer="any" if peer is None else int(peer))
     record.update(seq=next(seqs[key]), sizes=[list(t.shape) for t in tensors[:4]],
                   dtype=str(tensors[0].dtype).removeprefix("torch.") if tensors else None, duration_ns=0)
-    return record
+    return record, tensors
 
 
 def _on_completion(work: Any, record: dict[str, Any], start: int) -> None:

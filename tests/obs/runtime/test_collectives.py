@@ -130,3 +130,35 @@ def test_ddp_gradient_buckets_are_all_reduced_on_record_and_a_user_hook_takes_ov
     assert calls == [0] and [r["state"] for r in records[marks[0]:] if r["op"] == "all_reduce"] == \
         ["scheduled", "completed"]
     assert second and "only be called once" in second[0]
+
+
+def test_device_work_is_completed_by_polling_not_by_its_future(tmp_path, monkeypatch):
+    """NCCL completes a work's future at enqueue: device collectives are polled (forced here on gloo)."""
+    from obs.runtime.steps import tracker
+    from obs.runtime.torch import _collectives
+
+    monkeypatch.setattr(_collectives, "_device_work", lambda tensors: True)
+    seen = []
+
+    def run():
+        t = torch.ones(3)
+        assert dist.all_reduce(t, dist.ReduceOp.SUM) is None  # blocking for the caller, async underneath
+        seen.append([r["state"] for r in records])
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        seen.append([r["state"] for r in records])
+        assert adapter._collectives.poll in tracker.at_boundary
+        tracker._boundary()  # a step boundary polls
+        seen.append([r["state"] for r in records])
+
+    records = []
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with obs.subscribe(obs.Event.COLLECTIVE, records.append):
+            run()
+    finally:
+        dist.destroy_process_group()
+    assert seen == [["started"], ["started", "completed", "scheduled"],
+                    ["started", "completed", "scheduled", "completed"]]
+    assert [r["seq"] for r in records] == [1, 1, 2, 2]
+    assert not any(getattr(h, "__self__", None).__class__.__name__ == "CollectiveHooks" for h in tracker.at_boundary)
