@@ -58,6 +58,7 @@ class ExceptionDump:
         self.spans = ModuleSpans()
         self._backward: Any = None
         self._grad: Any = None
+        self._demand: Any = None
         self._lock = threading.Lock()
 
     # -- install / remove ---------------------------------------------------------------------
@@ -66,6 +67,7 @@ class ExceptionDump:
 
         # The module wrapper (installed for these subscribers) is what reports failing modules with their arguments.
         self.spans.install()
+        self._demand = tracker.require("exception_dump")  # a dump names its training step
         _modules.failure_hooks = _modules.failure_hooks + (self.on_failure,)
         _ops.failure_hooks = _ops.failure_hooks + (self.on_failure,)
         self._backward = _wrap(torch.autograd, "backward", self._on_backward_error)
@@ -76,6 +78,9 @@ class ExceptionDump:
         from obs.runtime.torch import _modules, _ops
 
         self.spans.remove()
+        if self._demand is not None:
+            self._demand.remove()
+            self._demand = None
         _modules.failure_hooks = tuple(h for h in _modules.failure_hooks if h != self.on_failure)
         _ops.failure_hooks = tuple(h for h in _ops.failure_hooks if h != self.on_failure)
         for wrapper in (self._backward, self._grad):

@@ -33,7 +33,7 @@ __all__ = ["DumpFeature", "feature"]
 @dataclass(frozen=True)
 class _Wanted:
     exception: tuple[str, str] | None  # (mode, root)
-    nan: tuple[str, str, bool, str] | None  # (action, granularity, backward, root)
+    nan: tuple[str, str, bool, str, int] | None  # (action, granularity, backward, root, limit)
     data: DumpConfig | None
 
 
@@ -115,8 +115,13 @@ class DumpFeature:
         nan = None
         if nan_section.get("enable") or debug == 3:
             root = _root(nan_section.get("path", "") or from_dump or exc_section.get("path", ""), env)
-            nan = (nan_section.get("action", "continue"), nan_section.get("granularity", "module"),
-                   bool(nan_section.get("backward", True)), root)
+            # op_debug_mode 3 checks every op (as the original) and reports up to overflow_number findings (0: all,
+            # one per step); the nan_check section, the first one
+            limit = (data.overflow_number if data is not None and debug == 3 and not nan_section.get("enable")
+                     else 1)
+            granularity = nan_section.get("granularity", "module") if nan_section.get("enable") else "op"
+            nan = (nan_section.get("action", "continue"), granularity,
+                   bool(nan_section.get("backward", True)), root, limit)
         if debug in (3, 4):  # overflow-only / exception-only: the NaN check or exception_dump does the work
             data = None
         return _Wanted(exception, nan, data)
@@ -143,8 +148,9 @@ class DumpFeature:
             if want.nan is not None:
                 from obs.dump.nan_check import NanCheck
 
-                action, granularity, backward, root = want.nan
-                self.nan = NanCheck(root, action=action, granularity=granularity, backward=backward).install()
+                action, granularity, backward, root, limit = want.nan
+                self.nan = NanCheck(root, action=action, granularity=granularity, backward=backward,
+                                    limit=limit).install()
         if want.data != have.data:
             if self.data is not None:
                 self.data.remove()

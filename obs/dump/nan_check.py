@@ -56,9 +56,11 @@ class NanCheck:
         self._last_checked: Any = None
         self._handles: list[Any] = []
         self._subs: list[Subscription] = []
+        self._demand: Any = None
         self._lock = threading.Lock()
 
     def install(self) -> NanCheck:
+        self._demand = tracker.require("NaN/Inf check")  # findings name their step; one report per step
         # The module wrapper (installed for this subscriber) gives the scope names findings report.
         self._subs.append(bus.subscribe(Event.MODULE_ENTER, keep_scopes))
         if self.granularity == "op":
@@ -68,6 +70,9 @@ class NanCheck:
         return self
 
     def remove(self) -> None:
+        if self._demand is not None:
+            self._demand.remove()
+            self._demand = None
         for handle in self._handles:
             handle.remove()
         for sub in self._subs:

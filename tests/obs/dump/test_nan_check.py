@@ -130,9 +130,13 @@ def test_a_clean_run_reports_nothing_and_the_rdr_records_the_place(tmp_path):
 def test_dump_config_overflow_mode_turns_it_on(tmp_path, monkeypatch):
     cfg = {"common_dump_settings": {"dump_mode": 0, "path": str(tmp_path / "d"), "net_name": "Net",
                                     "iteration": "all", "input_output": 0, "kernels": [], "support_device": [0],
-                                    "op_debug_mode": 3}}
+                                    "op_debug_mode": 3, "overflow_number": 2}}
     (tmp_path / "dump.json").write_text(json.dumps(cfg))
     monkeypatch.setenv("MINDSPORE_DUMP_CONFIG", str(tmp_path / "dump.json"))
     obs.set_context(op_timeout=600)  # the first set_context call reads the variable, whatever its keys
-    train_step(Net(forward_nan=True))
-    assert len(captures(tmp_path / "d")) == 1
+    net = Net(forward_nan=True)
+    for _ in range(3):
+        train_step(net)
+    found = [json.loads((f / "meta.json").read_text()) for f in captures(tmp_path / "d")]
+    # as the original's overflow mode: op by op, the first of each step, overflow_number of them
+    assert [(m["op"], m["step"]) for m in found] == [("log.default", 1), ("log.default", 2)]
