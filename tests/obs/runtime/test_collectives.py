@@ -35,9 +35,10 @@ def test_collectives_are_recorded_with_sequence_state_and_timing(tmp_path):
     assert first["group"] == "default"
 
 
-def _records_of(run, tmp_path):
+def _records_of(run, tmp_path, records=None):
+    """``run()`` in a one-rank gloo group while COLLECTIVE is subscribed; the records it published."""
+    records = [] if records is None else records
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    records = []
     try:
         with obs.subscribe(obs.Event.COLLECTIVE, records.append):
             run()
@@ -64,13 +65,12 @@ def test_a_group_passed_by_position_is_that_group_with_its_own_sequence(tmp_path
 
 def test_async_work_is_completed_by_its_future_not_by_the_next_call(tmp_path):
     records, after_wait = [], []
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        with obs.subscribe(obs.Event.COLLECTIVE, records.append):
-            dist.all_reduce(torch.ones(2), async_op=True).wait()
-            after_wait = [r["state"] for r in records]
-    finally:
-        dist.destroy_process_group()
+
+    def run():
+        dist.all_reduce(torch.ones(2), async_op=True).wait()
+        after_wait.extend(r["state"] for r in records)
+
+    _records_of(run, tmp_path, records)
     assert after_wait == ["scheduled", "completed"]  # no later call needed
     assert records[1]["duration_ns"] > 0 and records[1]["seq"] == records[0]["seq"] == 1
 
@@ -118,12 +118,7 @@ def test_ddp_gradient_buckets_are_all_reduced_on_record_and_a_user_hook_takes_ov
             second.append(str(exc))
 
     marks, second, records = [], [], []
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        with obs.subscribe(obs.Event.COLLECTIVE, records.append):
-            run()
-    finally:
-        dist.destroy_process_group()
+    _records_of(run, tmp_path, records)
     assert DDP.__init__.__module__ == "torch.nn.parallel.distributed"  # the class is put back
     buckets = [r for r in records[:marks[0]] if r["op"] == "all_reduce"]
     assert [r["state"] for r in buckets] == ["scheduled", "completed"] and buckets[1]["sizes"] == [[10]]
@@ -152,12 +147,7 @@ def test_device_work_is_completed_by_polling_not_by_its_future(tmp_path, monkeyp
         seen.append([r["state"] for r in records])
 
     records = []
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        with obs.subscribe(obs.Event.COLLECTIVE, records.append):
-            run()
-    finally:
-        dist.destroy_process_group()
+    _records_of(run, tmp_path, records)
     assert seen == [["started"], ["started", "completed", "scheduled"],
                     ["started", "completed", "scheduled", "completed"]]
     assert [r["seq"] for r in records] == [1, 1, 2, 2]
