@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -90,3 +94,24 @@ def report(title: str, results: dict[str, dict[str, float]], baseline: str, out:
         json.dump(data, fh, indent=2)
     print(f"wrote {out}")
     return data
+
+
+def pin_to_one_core() -> None:
+    """Run on one core (the last one: the first tends to take the interrupts)."""
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
+
+
+def in_processes(script: str, args: list[str], processes: int) -> list[dict[str, Any]]:
+    """Run ``script --child ARGS`` ``processes`` times, one after another; each prints one JSON line last."""
+    runs = []
+    for i in range(processes):
+        out = subprocess.run([sys.executable, script, "--child", *args], capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"process {i + 1}/{processes} done", file=sys.stderr)
+    return runs
+
+
+def median_ratios(runs: list[dict[str, dict[str, float]]], baseline: str) -> dict[str, dict[str, float]]:
+    """Per workload and variant: the median over processes of (variant / baseline in the same process)."""
+    return {w: {v: statistics.median(run[w][v] / run[w][baseline] for run in runs) for v in runs[0][w]}
+            for w in runs[0]}
