@@ -66,6 +66,12 @@ def staged(inner: str | Callable[..., Any], name: str, parent: torch.fx.GraphMod
 
         return inductor
     backend = lookup_backend(inner) if isinstance(inner, str) else inner
+    if inner == "aot_eager":  # a function building its AotAutograd per call: the same one, with our compilers
+        from torch._dynamo.backends.debugging import boxed_nop
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        backend = AotAutograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop,
+                              partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True)
     if isinstance(backend, AotAutograd):
         kwargs = dict(backend.kwargs)
         forward = kwargs["fw_compiler"]
@@ -73,7 +79,7 @@ def staged(inner: str | Callable[..., Any], name: str, parent: torch.fx.GraphMod
         kwargs["bw_compiler"] = _capturing(kwargs.get("bw_compiler") or forward, "aot_backward", name, parent)
         kwargs["inference_compiler"] = _capturing(kwargs.get("inference_compiler") or forward, "aot_inference",
                                                   name, parent)
-    else:
+    else:  # not AOT-based: AOT autograd first, then the backend compiles each graph
         def boxed(gm: torch.fx.GraphModule, inputs: Any) -> Any:
             return make_boxed_func(backend(gm, inputs))
 
