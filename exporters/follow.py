@@ -139,7 +139,7 @@ class StepAssembler:
                 for i in range(len(self._open) - 1, -1, -1):
                     if self._open[i][0] == ai:
                         _, began = self._open.pop(i)
-                        self.current.modules.append(ModuleCall(self.f.string(ai), began, t, bool(fl & 1)))
+                        self.current.modules.append(ModuleCall(self.f.string(ai), began, t, bool(fl & 1), i + 1))
                         break
             elif kind == Kind.OP:
                 self.current.ops.append(OpCall(self.f.string(ai), self.f.string(bi), t - ci, t, bool(fl & 1)))

@@ -7,9 +7,10 @@ Pure: a :class:`StepRecord` (wall-clock ns) in, :class:`Span` dataclasses out, p
 - ``step`` (``ml.step``, ``ml.rank``, ``ml.world_size``, ``ml.run_id``) holds ``data``, ``forward``
   (consecutive root calls merged), ``backward`` and ``optimizer``.
 - task_trace: module spans down to ``module_depth``; op_trace: the most expensive ops as spans.
-- At most ``budget`` spans: shallow modules first, then the longest; what does not fit is aggregated
-  into the attributes of the span that holds it (``obs.aggregated.*``, ``ml.ops.*``), never dropped
-  silently.  The step span says how many were aggregated (``obs.spans.aggregated``).
+- At most ``budget`` spans: phases first (in order), then shallow modules, then the longest; what does
+  not fit is aggregated into the attributes of the span that holds it (``ml.phases.*`` on the step,
+  ``obs.aggregated.*``, ``ml.ops.*``), never dropped silently.  The step span says how many were
+  aggregated (``obs.spans.aggregated``).
 """
 
 from __future__ import annotations
@@ -33,14 +34,18 @@ class Phase:
 
 @dataclass(frozen=True)
 class ModuleCall:
+    """``depth``: 1 for a root call, 2 for a module its forward called, ...: calls, not scope levels (a
+    ModuleList or ModuleDict that is never called adds no level)."""
+
     scope: str
     start_ns: int
     end_ns: int
     error: bool = False
+    depth: int = 0
 
-    @property
-    def depth(self) -> int:
-        return self.scope.count("/")  # Default/net-Net is 1: a root module
+    def __post_init__(self) -> None:
+        if not self.depth:
+            object.__setattr__(self, "depth", self.scope.count("/"))  # Default/net-Net is 1: a root module
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,14 @@ def build_spans(record: StepRecord, *, run_id: str, rank: int, world_size: int, 
     root = b.add("step", "step", None, start, end, attrs)
     phase_spans = [b.add(p.name, "phase", root, p.start_ns, p.end_ns, {"ml.phase": p.name})
                    for p in phases[:max(0, budget - 1)]]
+    aggregated = len(phases) - len(phase_spans)  # gradient accumulation: many forward/backward pairs
+    if aggregated:
+        per_name: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for p in phases[len(phase_spans):]:
+            per_name[p.name][0] += 1
+            per_name[p.name][1] += p.end_ns - p.start_ns
+        root.attributes.update({"ml.phases.names": list(per_name), "ml.phases.counts": [v[0] for v in
+                                per_name.values()], "ml.phases.total_ns": [v[1] for v in per_name.values()]})
     room = max(0, budget - len(b.spans))
     modules = [m for m in record.modules if m.depth <= module_depth] if "task_trace" in levels else []
     ops = list(record.ops) if "op_trace" in levels else []
@@ -151,7 +164,6 @@ def build_spans(record: StepRecord, *, run_id: str, rank: int, world_size: int, 
     op_room = min(len(ops), room - len(chosen_modules))
     chosen = set(map(id, chosen_modules))
     module_spans: list[Span] = []
-    aggregated = 0
     for module in sorted(chosen_modules, key=lambda m: (m.start_ns, -m.end_ns)):
         parent = _holder(module_spans, module.start_ns, module.end_ns,
                          _holder(phase_spans, module.start_ns, module.end_ns, root))

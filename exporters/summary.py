@@ -2,7 +2,8 @@
 self time, span, aggregation and drop counts.  Pure: spans in, a :class:`TraceSummary` dataclass out.
 
 Self time of a module is its duration less that of its child spans (modules and ops); an op is a
-leaf.  Ops aggregated into a parent's attributes (``ml.ops.*``) count in the op totals too.
+leaf.  Ops and phases aggregated into a parent's attributes (``ml.ops.*``, ``ml.phases.*``) count in the
+totals too.
 """
 
 from __future__ import annotations
@@ -87,15 +88,17 @@ class SummaryBuilder:
                 row[0] += 1
                 row[1] += s.duration_ns / 1e6
                 row[2] += max(0, s.duration_ns - child_ns.get(s.span_id, 0)) / 1e6
-            self._add_aggregated_ops(s.attributes)
+            self._add_aggregated(s.attributes, "ml.ops", "op")
+            self._add_aggregated(s.attributes, "ml.phases", "phase")
 
-    def _add_aggregated_ops(self, attrs: Mapping[str, Any]) -> None:
-        names, counts, totals = attrs.get("ml.ops.names"), attrs.get("ml.ops.counts"), attrs.get("ml.ops.total_ns")
+    def _add_aggregated(self, attrs: Mapping[str, Any], prefix: str, kind: str) -> None:
+        """Spans aggregated into a parent: ``{prefix}.names`` / ``.counts`` / ``.total_ns`` arrays."""
+        names, counts, totals = (attrs.get(f"{prefix}.{k}") for k in ("names", "counts", "total_ns"))
         if not (isinstance(names, (list, tuple)) and isinstance(counts, (list, tuple))
                 and isinstance(totals, (list, tuple))):
             return
         for name, count, total in zip(names, counts, totals):
-            row = self._timings["op"][str(name)]
+            row = self._timings[kind][str(name)]
             row[0] += int(count)
             row[1] += float(total) / 1e6
             row[2] += float(total) / 1e6

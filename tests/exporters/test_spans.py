@@ -103,3 +103,14 @@ def test_step_selection():
     for bad in ("x", "5-2", "1||2", 0, True, 1.5):
         with pytest.raises(ValueError):
             parse_steps(bad)
+
+
+def test_phases_beyond_the_budget_are_aggregated_on_the_step():
+    r = StepRecord(1, 0, 100 * MS)
+    r.phases = [Phase("forward" if i % 2 == 0 else "backward", i * MS, (i + 1) * MS) for i in range(40)]  # accumulation
+    spans = build_spans(r, run_id="r", rank=0, world_size=1, levels=("training_trace",), budget=10)
+    assert len(spans) == 10
+    step = spans[0].attributes
+    assert step["obs.spans.aggregated"] == 31
+    assert dict(zip(step["ml.phases.names"], step["ml.phases.counts"])) == {"backward": 16, "forward": 15}
+    assert sum(step["ml.phases.total_ns"]) == 31 * MS
