@@ -8,7 +8,8 @@ Pure: a folder of ``rank_{r}/rdr`` trees in, an :class:`Analysis` out (the CLI r
 * Collectives are matched by group and sequence number, as PyTorch's Flight Recorder analyzer
   does: the first sequence number where the member ranks disagree (one never reached it, or
   ran a different op, size or dtype) is a :class:`Mismatch`, with the ranks on each side (the
-  smaller side is the culprit; a tie names both).
+  smaller side is the culprit; a tie names both).  A rank whose bundle is a snapshot it went on
+  after (a hang or manual dump) is not counted missing from collectives begun after it.
 * Stragglers: ranks behind the furthest rank in step or in the world group's sequence.
 * Ranks that raised, and whether in their own code (a first cause) or inside a collective that
   failed because a peer was gone (a consequence); the first NaN/Inf fault, where the NaN check
@@ -30,6 +31,8 @@ from recorder.recover import near
 __all__ = ["Analysis", "CollectiveRecord", "Mismatch", "RankState", "Straggler", "analyze"]
 
 _NAN_FAULTS = ("nan_inf",)  # the FAULT kind of obs.dump's NaN/Inf check
+_SNAPSHOTS = ("hang", "manual")  # dump reasons after which the rank goes on (the others end it)
+_FOREVER = 1 << 63
 _MAX_RANKS = 1 << 16  # a rank or world size beyond this in a file is damage, not a job
 _SEND, _RECV = frozenset({"send", "isend"}), frozenset({"recv", "irecv"})
 
@@ -165,7 +168,9 @@ def analyze(root: str) -> Analysis:
     ranks.sort(key=lambda s: s.rank)
 
     out = Analysis(os.path.abspath(root), run_id, world, ranks, no_bundle, other_runs=other_runs, problems=problems)
-    out.mismatches = _mismatches(timelines, world)
+    # a snapshot (a rank that went on after dumping) cannot tell about collectives begun after it was taken
+    taken = {r: newest[r].created_ns if newest[r].reason in _SNAPSHOTS else _FOREVER for r in timelines}
+    out.mismatches = _mismatches(timelines, world, taken)
     out.stragglers = _stragglers(ranks, timelines)
     out.raised = [s.rank for s in ranks if s.exception]
     out.nan = min(faults, key=lambda f: (f["step"], f["t"])) if faults else None
@@ -262,7 +267,8 @@ def _members(group: str, records: dict[int, CollectiveRecord], world: int) -> li
     return list(range(world)) if group == "default" else sorted(records)
 
 
-def _mismatches(timelines: dict[int, dict[str, dict[int, CollectiveRecord]]], world: int) -> list[Mismatch]:
+def _mismatches(timelines: dict[int, dict[str, dict[int, CollectiveRecord]]], world: int,
+                made: dict[int, int]) -> list[Mismatch]:
     groups = sorted({g for t in timelines.values() for g in t})
     found = []
     for group in groups:
@@ -275,7 +281,7 @@ def _mismatches(timelines: dict[int, dict[str, dict[int, CollectiveRecord]]], wo
         lo = max((min(per_rank[r]) if per_rank[r] else 1) for r in members)
         hi = max((max(per_rank[r]) if per_rank[r] else 0) for r in members)
         for seq in sorted({q for r in members for q in per_rank[r] if lo <= q <= hi}):
-            mismatch = _compare(group, seq, {r: per_rank[r] for r in members})
+            mismatch = _compare(group, seq, {r: per_rank[r] for r in members}, made)
             if mismatch is not None:
                 found.append(mismatch)
                 break
@@ -283,16 +289,19 @@ def _mismatches(timelines: dict[int, dict[str, dict[int, CollectiveRecord]]], wo
     return found
 
 
-def _compare(group: str, seq: int, per_rank: dict[int, dict[int, CollectiveRecord]]) -> Mismatch | None:
+def _compare(group: str, seq: int, per_rank: dict[int, dict[int, CollectiveRecord]],
+             made: dict[int, int]) -> Mismatch | None:
     here = {r: recs.get(seq) for r, recs in per_rank.items()}
     present = {r: rec for r, rec in here.items() if rec is not None}
-    missing = sorted(r for r, rec in here.items() if rec is None)
     first = min(present.values(), key=lambda rec: rec.t)
+    missing = sorted(r for r, rec in here.items() if rec is None and made.get(r, 0) > first.t)
     if missing:
         sides = {first.describe(): sorted(present), "never reached it": missing}
         return Mismatch(group, seq, "missing", first.describe(), sides, missing, first.step, first.t,
                         f"rank(s) {_ranks(missing)} never reached {group} collective #{seq} ({first.op}), "
                         f"which rank(s) {_ranks(sorted(present))} entered")
+    if len(present) < 2:
+        return None
     by_sig: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for r, rec in sorted(present.items()):
         by_sig[rec.signature()].append(r)
