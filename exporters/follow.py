@@ -13,6 +13,7 @@ the final drain (a trainer that died mid-step gives an incomplete last step).
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import struct
@@ -22,7 +23,7 @@ import numpy as np
 
 from exporters.spans import ModuleCall, OpCall, Phase, StepRecord
 from obs._core import safe_files
-from recorder.layout import SLOT, STRINGS_USED_AT, Header, Kind
+from recorder.layout import BLOB, BLOB_SIZE, SLOT, STRINGS_USED_AT, Header, Kind
 from recorder.ring_reader import SLOT_DTYPE
 
 __all__ = ["PHASE_NAMES", "RingFollower", "StepAssembler"]
@@ -47,7 +48,9 @@ class RingFollower:
         self._strings_at = 0
         self._last_idx = {r.name: 0 for r in self.header.rings}
         self._settled_seq = 0
+        self._last_blob = 0
         self.lost = {r.name: 0 for r in self.header.rings}
+        self.markers: list[dict[str, Any]] = []  #: marker blobs read so far (the trainer's identity, once known)
 
     def wall(self, t: Any) -> Any:
         return t + (self.header.wall_ns - self.header.mono_ns)
@@ -66,9 +69,27 @@ class RingFollower:
     def string(self, sid: int) -> str:
         return self.strings[sid] if 0 <= sid < len(self.strings) else "?"
 
+    def _read_markers(self) -> None:
+        """Marker blobs not read before (a blob's seq is written last: 0 while it is being written)."""
+        found = []
+        for i in range(self.header.blobs.capacity):
+            at = self.header.blobs.offset + i * BLOB_SIZE
+            seq, _, kind, length, idx = BLOB.unpack_from(self._mm, at)
+            if seq and idx > self._last_blob and kind == Kind.MARKER and length <= BLOB_SIZE - BLOB.size:
+                try:
+                    payload = json.loads(bytes(self._mm[at + BLOB.size:at + BLOB.size + length]))
+                except ValueError:
+                    continue
+                if isinstance(payload, dict):
+                    found.append((idx, payload))
+        for idx, payload in sorted(found, key=lambda x: x[0]):
+            self.markers.append(payload)
+            self._last_blob = idx
+
     def poll(self, *, final: bool = False) -> np.ndarray:
         """The settled slots not returned before, sorted by seq (``final``: every written slot)."""
         self._read_strings()
+        self._read_markers()
         parts, top = [], self._settled_seq
         for region in self.header.rings:
             slots = np.frombuffer(self._mm, SLOT_DTYPE, region.capacity, region.offset).copy()  # one snapshot

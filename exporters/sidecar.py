@@ -100,10 +100,25 @@ class Exporter:
     def step(self, *, final: bool = False) -> None:
         if not final and self.sender is not None and self.sender.backlog >= self.sender.max_spans:
             return  # the collector is behind: the slots wait in the ring (an overrun there is counted)
+        seen = len(self.follower.markers)
         slots = self.follower.poll(final=final)
+        for marker in self.follower.markers[seen:]:
+            if marker.get("marker") == "identity":
+                self._identity(marker)
         records = self.assembler.feed(slots)
         records += self.assembler.drain() if final else self.assembler.idle(time.time_ns())
         self._export(records, final=final)
+
+    def _identity(self, marker: dict[str, Any]) -> None:
+        """The trainer learnt its rank and the job's run id (after init_process_group): later steps carry them."""
+        from exporters.otlp import resource
+
+        header = self.follower.header
+        self.run_id = str(marker.get("run_id") or self.run_id)
+        self.rank = int(marker.get("rank", self.rank))
+        self.world_size = int(marker.get("world_size", self.world_size))
+        self.resource = resource({**header.meta, "run_id": self.run_id}, rank=self.rank, world_size=self.world_size,
+                                 pid=header.pid)
 
     def _export(self, records: list[Any], *, final: bool = False) -> None:
         from exporters.otlp import readable_spans, request_json

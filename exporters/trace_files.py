@@ -205,7 +205,7 @@ def _ordered(folder: str, pattern: str) -> list[str]:
 def read_folder(path: str) -> TraceFolder:
     """An output folder (``obs_profile``) or one rank's folder: per rank, its OTLP JSON lines files (or, when
     there are none, its Chrome traces), rotated ones first; and the exporters' status files."""
-    ranks = sorted(os.path.join(path, d) for d in os.listdir(path) if re.fullmatch(r"rank_\d+", d)
+    ranks = sorted(os.path.join(path, d) for d in os.listdir(path) if re.fullmatch(r"rank_(\d+|unresolved-\d+)", d)
                    and os.path.isdir(os.path.join(path, d))) or [path]
     files: list[TraceFile] = []
     statuses: list[dict[str, Any]] = []

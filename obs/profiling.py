@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing
 import os
 import threading
 import warnings
@@ -81,14 +82,47 @@ class ProfilerFeature:
         from obs.profiling_session import ProfileSession
         from obs.settings.parallel import rank, world_size
 
-        self.session = ProfileSession(want, rank=rank(), world_size=world_size(), run_id=_run_id(),
-                                      versions=rdr._versions())
+        run_id, run_id_known = _run_id()
+        rank_known = rdr._rank_known() or multiprocessing.parent_process() is None  # not spawned: rank 0 of 1
+        self.session = ProfileSession(want, rank=rank(), world_size=world_size(), run_id=run_id,
+                                      versions=rdr._versions(), rank_known=rank_known)
         self.request = want
+        if not (run_id_known and rank_known):
+            from obs.runtime.steps import tracker
+
+            tracker.at_boundary = tracker.at_boundary + (self.check_identity,)
         if not self._atexit:
             self._atexit = True
             atexit.register(self._at_exit)
 
+    def check_identity(self) -> None:
+        """At a step boundary, once torch.distributed is up: the job's agreed run id and this rank, so every rank's
+        spans of a step share one trace id."""
+        from obs import rdr
+
+        live = self.session
+        if live is not None and not live.identity_known:
+            if not rdr._distributed_ready():
+                return
+            from obs.settings.parallel import agree_run_id, rank, world_size
+
+            run_id, known = _run_id()
+            if not known:
+                agreed = agree_run_id(rdr._PROPOSAL)
+                if agreed is None:
+                    return
+                rdr._agreed[:] = [agreed]
+                run_id = agreed
+            live.set_identity(run_id, rank(), world_size())
+        self._unhook()
+
+    def _unhook(self) -> None:
+        from obs.runtime.steps import tracker
+
+        tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.check_identity)
+
     def _retire(self) -> None:
+        self._unhook()
         session, self.session, self.request = self.session, None, None
         if session is not None:
             session.close(wait_s=0.0)
@@ -123,12 +157,12 @@ class ProfilerFeature:
             print_exit_summary(self.statuses[-1])
 
 
-def _run_id() -> str:
-    """The job's run id as the recorder knows it (the launcher's, the ranks' agreed one, or this process's)."""
+def _run_id() -> tuple[str, bool]:
+    """(run id, whether it is the job's) as the recorder knows it: the launcher's, the ranks' agreed one, or this
+    process's proposal."""
     from obs import rdr
 
-    known = getattr(rdr, "_run_id", None)
-    return known()[0] if callable(known) else str(getattr(rdr, "_RUN_ID", ""))
+    return rdr._run_id()
 
 
 def _warn_drops(status: Mapping[str, Any]) -> None:

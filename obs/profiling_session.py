@@ -47,14 +47,16 @@ class ProfileSession:
     _serial = 0
 
     def __init__(self, request: ProfileRequest, *, rank: int, world_size: int, run_id: str,
-                 versions: dict[str, str]) -> None:
+                 versions: dict[str, str], rank_known: bool = True) -> None:
         from recorder.ring import RingWriter
 
         ProfileSession._serial += 1
         self.request, self.rank = request, rank
         self.step = 0  #: stamped into module slots by the Python handlers
         self.pid = os.getpid()
-        self.folder = os.path.join(request.output, f"rank_{rank}")
+        # A process whose rank is a guess (spawned before init_process_group) never shares a rank's folder.
+        self.folder = os.path.join(request.output, f"rank_{rank}" if rank_known else f"rank_unresolved-{self.pid}")
+        self.identity_known = False  #: set_identity() ran (or the launcher told rank and run id up front)
         safe_files.ensure_dir(self.folder)
         self.ring_path = os.path.join(self.folder, f"profile_{self.pid}_{ProfileSession._serial}.obsring")
         self.ring = RingWriter(self.ring_path, _capacity(request.levels), pid=self.pid, rank=rank,
@@ -75,6 +77,15 @@ class ProfileSession:
             self._unsubscribe()
             self.ring.close(remove=True)
             raise
+
+    def set_identity(self, run_id: str, rank: int, world_size: int) -> None:
+        """The job's run id and this rank, agreed after init_process_group: the exporter applies them from here."""
+        from recorder.layout import Kind
+
+        self.identity_known = True
+        if not self.ring.closed:
+            self.ring.blob(Kind.MARKER, {"marker": "identity", "run_id": run_id, "rank": rank,
+                                         "world_size": world_size})
 
     # -- recording ----------------------------------------------------------------------------
     def _subscribe(self) -> None:

@@ -213,3 +213,35 @@ def test_otel_sdk_disabled_sends_nothing(tmp_path, receiver):
     assert receiver.requests == []
     assert "OTEL_SDK_DISABLED" in out.stderr
     assert (tmp_path / "obs_profile" / "rank_0" / "trace.json").exists()
+
+
+@pytest.mark.parametrize("rdzv", ["c10d", "standalone"], ids=["run id agreed through the store", "launcher's id"])
+def test_every_rank_of_a_step_shares_its_trace(tmp_path, rdzv):
+    import socket
+
+    from exporters.trace_files import read_folder
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = ["--standalone"] if rdzv == "standalone" else ["--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                                             f"127.0.0.1:{port}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC"))}
+    env["PYTHONPATH"] = ROOT
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                          *launch, os.path.join(os.path.dirname(__file__), "dist_script.py")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    folder = read_folder(str(tmp_path / "obs_profile"))
+    assert sorted(os.path.basename(os.path.dirname(f.path)) for f in folder.files) == ["rank_0", "rank_1"]
+    steps: dict[int, dict[int, object]] = defaultdict(dict)
+    for f in folder.files:
+        for s in f.spans:
+            if s.kind == "step":
+                steps[s.attributes["ml.step"]][s.attributes["ml.rank"]] = s
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6]
+    run_ids = {s.attributes["ml.run_id"] for by_rank in steps.values() for s in by_rank.values()}
+    assert len(run_ids) == 1 and "none" not in run_ids
+    for by_rank in steps.values():
+        assert sorted(by_rank) == [0, 1] and by_rank[0].trace_id == by_rank[1].trace_id
+        assert all(s.attributes["ml.world_size"] == 2 for s in by_rank.values())
