@@ -113,7 +113,7 @@ class GraphsFeature:
         elif origins.get("save_graphs_path") == "file" and section["save_graphs_path"]:
             path, source = section["save_graphs_path"], "graphs.save_graphs_path"
         else:
-            path, source = self.env_path, ENV_PATH
+            path, source = self.env_path, ENV_PATH if self.env_path != "." else "save_graphs_path"
         return level, path, values.get("mode", 1) == 1, source
 
     def prepare(self, values: Mapping[str, Any], changes: Mapping[str, Any]) -> tuple[int, str, bool]:
@@ -141,6 +141,7 @@ class GraphsFeature:
     def close(self) -> None:
         with self._lock:
             self.level, self.path, self.pynative = 0, os.path.abspath("."), True
+            self.traced = False  # settings start over: the next level >= 1 traces a step again
         self.sync()
 
     # -- subscriptions -----------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 A :class:`Tracer` is armed by the graphs feature at ``save_graphs`` >= 1 in PYNATIVE mode.  It asks for
 step and module events (so scopes are tracked), pushes a dispatch mode when the first step begins
-and pops it when that step ends; then it unsubscribes, so the adapter removes its hooks and later
-steps cost nothing.  Forward ops get the scope of the module they ran under
+and pops it when that step ends, or when the root module is called again first (a loop without
+``optimizer.step()``, or gradient accumulation: one forward and backward is traced); then it
+unsubscribes, so the adapter removes its hooks and later steps cost nothing.  Forward ops get the scope of the module they ran under
 (``Default/net-Net/fc1-Linear/addmm-op0``); backward ops that of the forward op they differentiate,
 under ``Gradients/`` (matched by autograd's sequence numbers).
 """
@@ -163,6 +164,7 @@ class Tracer:
         self._mode: _TraceMode | None = None
         self._thread = 0
         self._step = 0
+        self._root_calls = 0  # root module calls since the trace began (the one that began it included)
         self._subs: list[Subscription] = [
             bus.subscribe(Event.MODULE_ENTER, self._on_module),
             bus.subscribe(Event.STEP_BEGIN, self._on_begin),
@@ -170,7 +172,14 @@ class Tracer:
         ]
 
     def _on_module(self, scope: str, module: Any) -> None:
-        if self._root or scope.count("/") != 1:
+        if scope.count("/") != 1:
+            return
+        if self._mode is not None and threading.get_ident() == self._thread:
+            self._root_calls += 1
+            if self._root_calls > 1:  # the next forward: the traced one is complete (no optimizer step came)
+                self._finish()
+                return
+        if self._root:
             return
         self._root = type(module).__name__
         for name, t in [*module.named_parameters(), *module.named_buffers()]:
@@ -185,8 +194,12 @@ class Tracer:
         self._mode.__enter__()
 
     def _on_end(self, step: int, duration_ns: int) -> None:
+        if self._mode is not None and threading.get_ident() == self._thread:
+            self._finish()
+
+    def _finish(self) -> None:
         mode = self._mode
-        if mode is None or threading.get_ident() != self._thread:
+        if mode is None:
             return
         self.disarm()
         recording = mode.recording

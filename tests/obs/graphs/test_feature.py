@@ -214,3 +214,18 @@ def test_env_config_graphs_section_and_its_hot_reload(tmp_path):
     bad.write_text(json.dumps({"graphs": {"save_graphs": 5}}))
     with pytest.raises(ValueError, match="graphs.save_graphs.*bool or an int in \\[0, 3\\].*5"):
         obs.set_context(env_config_path=str(bad))
+
+
+def test_a_loop_without_optimizer_step_is_traced_for_one_forward_and_backward(tmp_path):
+    obs.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
+    net = Net()
+    for _ in range(3):  # the update by hand, as some examples do: no optimizer.step(), no step end
+        net.zero_grad()
+        net(torch.randn(8, 4)).sum().backward()
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(p.grad, alpha=-0.1)
+    assert not any(adapter.installed.values()), adapter.installed
+    (name,) = [f for f in os.listdir(tmp_path) if f.endswith(".ir")]
+    ops = [n.op for n in read_ir(str(tmp_path / name)).main.nodes]
+    assert ops.count("aten.addmm") == 2 and ops.count("aten.add_.Tensor") == 4  # one forward, backward, update

@@ -196,3 +196,23 @@ def test_inductor_forward_and_backward_graphs(tmp_path):
     assert [e["graph"] for e in index] == ["Linear_0", "Linear_0_forward", "Linear_0_backward"]
     forward = read_ir(str(tmp_path / "g" / index[1]["files"]["ir"]))
     assert {p.name for p in forward.main.params} >= {"weight", "bias"}
+
+
+def test_a_backend_without_aot_autograd_runs_behind_it_at_level_2(tmp_path):
+    obs.set_context(mode=obs.GRAPH_MODE, save_graphs=2, save_graphs_path=str(tmp_path))
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(gm, example_inputs):  # a user's backend: it compiles each graph AOT autograd made
+        seen.append(sorted({str(n.target).split(".")[0] for n in gm.graph.nodes if n.op == "call_function"}))
+        return gm.forward
+
+    net = Net()
+    x = torch.randn(8, 4)
+    expected = net(x)
+    out = obs.compile(net, backend=backend)(x)
+    out.sum().backward()
+    assert torch.allclose(out, expected) and net.fc1.weight.grad is not None
+    assert seen == [["aten"], ["aten"]]  # forward and backward, both aten graphs
+    stages = [e["stage"] for e in json.loads((tmp_path / "index.json").read_text())["graphs"]]
+    assert stages == ["dynamo_capture", "aot_forward", "aot_backward"]
