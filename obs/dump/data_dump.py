@@ -13,7 +13,9 @@ ops run by autograd in backward are under ``Gradients/``.  Eager PyTorch has one
 Iteration N is the N-th step (from ``initial_iteration``).  Statistics are computed when the op
 returns (later in-place writes cannot change them) and statistic.csv is written at the step's end.
 Steps outside ``iteration`` cost one flag test per op.  Slots follow argument positions: a
-non-tensor argument leaves a gap, as in the original.
+non-tensor argument leaves a gap, as in the original.  With ``dump_mode`` 0 and outputs dumped,
+the root module's parameters are written as the original's ``Parameter.{name}...output.0...``
+files (and rows) when it is first called in a dumped step, before this step updates them.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class DataDump:
         self.spans = ModuleSpans()
         self._lock = threading.Lock()
         self._metadata_written = False
+        self._parameters_done = False
         self._header = csv_header(config.statistic_category)
 
     def install(self) -> DataDump:
@@ -108,6 +111,8 @@ class DataDump:
         self._subs = [bus.subscribe(Event.STEP_BEGIN, self._on_step_begin),
                       bus.subscribe(Event.STEP_END, self._on_step_end),
                       bus.subscribe(Event.OP_OUTPUT, self._on_op)]
+        if self.config.dump_mode == 0 and self.config.input_output != 1:
+            self._subs.append(bus.subscribe(Event.MODULE_ENTER, self._on_module))
         if tracker.in_step:  # turned on in the middle of a step: start with the next one
             self.active = False
         return self
@@ -146,12 +151,25 @@ class DataDump:
         self.iteration, self._count = iteration, 0
         self._order, self._rows = [], []
         self._seen.clear()
+        self._parameters_done = False
         self.active = iteration in self.config.iterations and bool(self.config.e2e.get("enable", True))
         if self.active:
             if not self._metadata_written:
                 self._write_metadata()
             self._folder = inside(self.rank_dir(), self.config.net_name, str(GRAPH_ID), str(iteration))
             safe_files.ensure_dir(self._folder)
+
+    def _on_module(self, scope: str, module: Any) -> None:
+        """The root module's first call in a dumped step: its parameters, as the original's Parameter files."""
+        if not self.active or self._parameters_done or len(SUPPRESSION.stack) != 1:
+            return
+        self._parameters_done = True
+        try:
+            with suppressed():
+                for name, tensor in module.named_parameters():
+                    self._tensor("Parameter", name.replace(".", "_"), "output", 0, tensor, raw_name=True)
+        except Exception as exc:
+            report_internal_error("data dump parameters", exc)
 
     def _on_step_end(self, step: int, duration_ns: int) -> None:
         if self.active:
@@ -223,13 +241,14 @@ class DataDump:
         self._seen[key] = (weakref.ref(tensor), version, values)
         return values
 
-    def _tensor(self, kind: str, full: str, io: str, slot: int, tensor: torch.Tensor) -> None:
+    def _tensor(self, kind: str, full: str, io: str, slot: int, tensor: torch.Tensor, raw_name: bool = False) -> None:
         if tensor.layout is not torch.strided or tensor.device.type == "meta":
             return
+        name = escape_name(full) if raw_name else self._escaped(full)
         stamp = time.time_ns() // 1000
         dtype = ms_dtype(tensor)
         if self.config.tensors:
-            path = os.path.join(self._folder, f"{kind}.{self._escaped(full)}.0.0.{stamp}.{io}.{slot}.DefaultFormat."
+            path = os.path.join(self._folder, f"{kind}.{name}.0.0.{stamp}.{io}.{slot}.DefaultFormat."
                                               f"{dtype}.npy")
             header, data = npy_bytes(host_array(tensor))
             write_new(path, header, data)
@@ -237,7 +256,7 @@ class DataDump:
             values = self._statistics(tensor)
             integral = not (tensor.is_floating_point() or tensor.is_complex())
             shape = "(" + ",".join(str(int(d)) for d in tensor.shape) + ")"
-            fields = [kind, self._escaped(full), "0", "0", str(stamp), io, str(slot),
+            fields = [kind, name, "0", "0", str(stamp), io, str(slot),
                       str(tensor.numel() * tensor.element_size()), str(tensor.dtype).removeprefix("torch."),
                       f'"{shape}"']
             fields += [_number(v, integral and c in _INT_CATEGORIES) for c, v in

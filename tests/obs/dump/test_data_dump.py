@@ -252,3 +252,13 @@ def test_a_bad_file_named_by_the_variable_fails_the_first_set_context(tmp_path, 
     with pytest.raises(DumpConfigError, match="reversed"):
         obs.set_context(op_timeout=300)
     assert obs.get_context("op_timeout") == 900  # nothing was applied
+
+
+def test_parameters_are_written_as_the_originals_parameter_files(tmp_path):
+    folder = run(tmp_path, saved_data="full", steps=2) / "Net" / "0" / "1"
+    params = sorted(n for n in files(folder) if n.startswith("Parameter."))
+    assert [parse(n)[1] for n in params] == ["fc1_bias", "fc1_weight", "fc2_bias", "fc2_weight"]
+    rows = [line for line in (folder / "statistic.csv").read_text().splitlines() if line.startswith("Parameter,")]
+    assert len(rows) == 4 and all(",output,0," in row for row in rows)
+    none = run(tmp_path / "b", saved_data="tensor", input_output=1) / "Net" / "0" / "0"
+    assert not [n for n in files(none) if n.startswith("Parameter.")]
