@@ -245,3 +245,12 @@ def test_every_rank_of_a_step_shares_its_trace(tmp_path, rdzv):
     for by_rank in steps.values():
         assert sorted(by_rank) == [0, 1] and by_rank[0].trace_id == by_rank[1].trace_id
         assert all(s.attributes["ml.world_size"] == 2 for s in by_rank.values())
+
+
+def test_grpc_chosen_by_the_standard_protocol_variable(tmp_path, receiver):
+    url = receiver.start_grpc()
+    out = train(tmp_path, {"steps": 4, "context": {"enable_profiling": True}},
+                {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"})
+    assert out.returncode == 0, out.stderr
+    check_step_trees(receiver.spans(), [1, 2, 3, 4])
+    assert set(receiver.paths) == {"grpc"}

@@ -130,6 +130,9 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     if args.child:
         os.sched_setaffinity(0, {cores[0]})
+        import torch
+
+        torch.set_num_threads(1)  # one core: more threads would only take turns on it
         kind, _, url = args.child.partition(":")
         data = child(args.rounds, url) if kind == "steps" else drops_over_1000_steps(url)
         print(json.dumps(data))
