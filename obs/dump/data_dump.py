@@ -72,6 +72,22 @@ def _slots(args: Any) -> list[tuple[int, torch.Tensor]]:
     return out
 
 
+def _write_fresh(path: str, text: str) -> None:
+    """``path`` created in place (a new iteration folder), or replaced whole when an earlier run left one."""
+    try:
+        write_new(path, text.encode())
+    except FileExistsError:
+        safe_files.write_atomic(path, text, fsync=False)
+
+
+def _append(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def _number(value: Any, integral: bool) -> str:
     if value is None:
         return "null"
@@ -103,6 +119,7 @@ class DataDump:
         self._lock = threading.Lock()
         self._metadata_written = False
         self._parameters_done = False
+        self._written_order: list[str] = []
         self._header = csv_header(config.statistic_category)
 
     def install(self) -> DataDump:
@@ -176,18 +193,25 @@ class DataDump:
             self._finish()
 
     def _finish(self) -> None:
+        # A rename costs milliseconds on some file systems (overlay): new files are created in place, and the
+        # execution order is rewritten only when it changed.
         self.active = False
         with suppressed():
             if self.config.statistics:
-                text = self._header + "\n" + "".join(self._rows)
-                safe_files.write_atomic(os.path.join(self._folder, "statistic.csv"), text, fsync=False)
+                _write_fresh(os.path.join(self._folder, "statistic.csv"),
+                             self._header + "\n" + "".join(self._rows))
             self._dumped.append(self.iteration)
             order = inside(self.rank_dir(), "execution_order")
             safe_files.ensure_dir(order)
-            safe_files.write_atomic(os.path.join(order, f"ms_execution_order_graph_{GRAPH_ID}.csv"),
-                                    ORDER_HEADER + "\n" + "".join(f"{n}\n" for n in self._order), fsync=False)
-            safe_files.write_atomic(os.path.join(order, f"ms_global_execution_order_graph_{GRAPH_ID}.csv"),
-                                    "".join(f"{i}\n" for i in self._dumped), fsync=False)
+            if self._order != self._written_order:
+                safe_files.write_atomic(os.path.join(order, f"ms_execution_order_graph_{GRAPH_ID}.csv"),
+                                        ORDER_HEADER + "\n" + "".join(f"{n}\n" for n in self._order), fsync=False)
+                self._written_order = self._order
+            global_order = os.path.join(order, f"ms_global_execution_order_graph_{GRAPH_ID}.csv")
+            if len(self._dumped) == 1:
+                safe_files.write_atomic(global_order, f"{self.iteration}\n", fsync=False)
+            else:
+                _append(global_order, f"{self.iteration}\n")
         outputs.wrote("data dump", self._folder)
         self._rows, self._order = [], []
         self._seen.clear()

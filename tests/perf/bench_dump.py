@@ -6,7 +6,7 @@ Targets (issue 14), on the foundation's CNN step:
   OP_OUTPUT subscriber that does nothing: the same dispatch mode);
 - NaN check at module granularity: <= 1.05 over plain PyTorch;
 - exception_dump armed at module granularity, nothing failing: <= 1.02 over plain PyTorch.
-Each process is pinned to one core and rotates the variants round by round (tests/perf/_harness.py);
+Each process is pinned to one core (one torch thread) and rotates the variants round by round (tests/perf/_harness.py);
 the figures are medians over the processes.  The MLP is shown too (many small ops: the worst case).
 """
 
@@ -75,6 +75,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        import torch
+
+        torch.set_num_threads(1)  # one core: a second intra-op thread would only wait for it (slow reductions)
         print(json.dumps(child(args.rounds)))
         return
     runs = []
