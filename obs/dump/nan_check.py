@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -91,9 +92,13 @@ class NanCheck:
         scope = stack[-1] if stack else type(module).__name__
         watched = None
         for where, tensor in tensors_in((output,)):
-            if tensor is self._last_checked:
+            # A container's output, a flatten: the same elements are checked once.  The last tensor checked must
+            # still be alive, or its memory could hold another tensor at the same address.
+            key = (tensor.data_ptr(), tensor.numel(), tensor._version)
+            last = self._last_checked
+            if last is not None and last[1] == key and last[0]() is not None:
                 continue
-            self._last_checked = tensor
+            self._last_checked = (weakref.ref(tensor), key)
             counts = nonfinite_counts(tensor)
             if counts is not None:
                 self._found("forward", "module", scope, type(module).__name__, counts, where,

@@ -8,6 +8,7 @@ requested numbers are stacked and read back in one transfer.  Everything runs un
 
 from __future__ import annotations
 
+import cmath
 import hashlib
 import math
 from collections.abc import Sequence
@@ -36,9 +37,12 @@ def nonfinite_counts(tensor: torch.Tensor) -> tuple[int, int, int] | None:
     if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0:
         return None
     with suppressed():
-        t = tensor.detach()
-        if bool(torch.isfinite(t.sum())):
+        t, _ = _unexpanded(tensor.detach())
+        total = t.sum().item()
+        if not isinstance(total, complex) and math.isfinite(total) or isinstance(total, complex) and \
+                cmath.isfinite(total):
             return None
+        t = tensor.detach()
         nan = torch.isnan(t).sum()
         pos = (t == float("inf")).sum()
         neg = (t == float("-inf")).sum()
@@ -46,7 +50,6 @@ def nonfinite_counts(tensor: torch.Tensor) -> tuple[int, int, int] | None:
     if not any(counts):  # the sum overflowed on large finite values
         return None
     return int(counts[0]), int(counts[1]), int(counts[2])
-
 
 
 def _unexpanded(t: torch.Tensor) -> tuple[torch.Tensor, int]:
