@@ -147,25 +147,38 @@ def native_ops_per_step(workload: Workload) -> int:
     return count
 
 
-def op_record_cost(rounds: int, calls: int = 20000) -> dict[str, float]:
-    """Microseconds per ``torch.add`` of two 8-element tensors, outside any module, per variant (median of
-    rounds alternating the variants): the cost of one op record with nothing else around it."""
-    x, y = torch.randn(8), torch.randn(8)
-    names = ("plain", "rdr module", "rdr op, native", "rdr op, dispatch mode", "torch.profiler")
+def call_cost(call, names: tuple[str, ...], rounds: int, calls: int = 20000) -> dict[str, float]:
+    """Microseconds per ``call()`` under each variant (median of rounds alternating the variants)."""
     samples: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
         for name in names:
             teardown = VARIANTS[name]()
             try:
                 for _ in range(calls // 10):
-                    torch.add(x, y)
+                    call()
                 t0 = time.perf_counter_ns()
                 for _ in range(calls):
-                    torch.add(x, y)
+                    call()
                 samples[name].append((time.perf_counter_ns() - t0) / calls / 1e3)
             finally:
                 teardown()
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def op_record_cost(rounds: int) -> dict[str, float]:
+    """One ``torch.add`` of two 8-element tensors outside any module: the cost of an op record alone."""
+    x, y = torch.randn(8), torch.randn(8)
+    return call_cost(lambda: torch.add(x, y), ("plain", "rdr module", "rdr op, native", "rdr op, dispatch mode",
+                                               "torch.profiler"), rounds)
+
+
+def module_record_cost(rounds: int) -> dict[str, float]:
+    """One call of an ``nn.Identity`` inside a ``Sequential`` of ten, per module call: the module wrapper and
+    its enter/exit records."""
+    net, x = torch.nn.Sequential(*[torch.nn.Identity() for _ in range(10)]), torch.ones(1)
+    costs = call_cost(lambda: net(x), ("plain", "rdr module", "rdr module, Python handlers",
+                                       "reference: deque subscriber"), rounds, calls=5000)
+    return {name: us / 11 for name, us in costs.items()}
 
 
 def child(rounds: int) -> dict[str, object]:
@@ -177,6 +190,7 @@ def child(rounds: int) -> dict[str, object]:
         out[workload.name] = measure(workload, VARIANTS, rounds)
         out[f"{workload.name} ops"] = {"dispatch": ops_per_step(workload), "native": native_ops_per_step(workload)}
     out["op record"] = op_record_cost(max(3, rounds // 2))
+    out["module record"] = module_record_cost(max(3, rounds // 2))
     out["dump"] = dump_full_rings(5)
     return out
 
@@ -201,6 +215,8 @@ def main() -> None:
     per_op = {v: statistics.median(run["op record"][v] - run["op record"]["rdr module"] for run in runs)
               for v in ("rdr op, native", "rdr op, dispatch mode", "torch.profiler")}
     add_us = statistics.median(run["op record"]["plain"] for run in runs)
+    per_module = {v: statistics.median(run["module record"][v] - run["module record"]["plain"] for run in runs)
+                  for v in ("rdr module", "rdr module, Python handlers", "reference: deque subscriber")}
     dump = {k: statistics.median(run["dump"][k] for run in runs) for k in ("events", "median_ms", "max_ms")}
     print(f"{'variant':<32} {'mlp':>7} {'cnn':>7}   (median ratio to plain over {args.processes} processes)")
     for v in ratios["mlp"]:
@@ -209,10 +225,11 @@ def main() -> None:
           f"(target <= 1), dispatch mode +{per_op['rdr op, dispatch mode']:.3f} us, torch.profiler "
           f"+{per_op['torch.profiler']:.3f} us; ops per step native/dispatch: mlp {runs[0]['mlp ops']}, "
           f"cnn {runs[0]['cnn ops']}")
+    print("one module call: " + ", ".join(f"{v} +{us:.3f} us" for v, us in per_module.items()))
     print(f"dump of full default rings ({dump['events']} events): median {dump['median_ms']} ms (target <= 250)")
     data = {"benchmark": "bench_rdr", "torch": torch.__version__, "python": platform.python_version(),
             "processes": args.processes, "rounds": args.rounds, "ratios": ratios,
-            "us_per_op_record": per_op, "us_per_add_plain": add_us, "ops_per_step": {w: runs[0][f"{w} ops"] for w in ("mlp", "cnn")},
+            "us_per_op_record": per_op, "us_per_add_plain": add_us, "us_per_module_call": per_module, "ops_per_step": {w: runs[0][f"{w} ops"] for w in ("mlp", "cnn")},
             "dump_full_rings": dump, "per_process": runs,
             "targets": {"rdr module": {"mlp": "<= 1.03", "cnn": "<= 1.01"},
                         "rdr op, native": "below torch.profiler; aim <= 1.15 / <= 1.03", "us_per_op": "<= 1",
