@@ -131,6 +131,15 @@ class ProfileSession:
         if writer is not None:
             self._writers.append(writer)
 
+    def pause(self) -> None:
+        """Stop recording (every hook it needed goes, when nothing else needs it); the exporter stays."""
+        self._unsubscribe()
+
+    def resume(self) -> None:
+        """Record again after :meth:`pause`."""
+        if not self._subs and not self.ring.closed:
+            self._subscribe()
+
     def _unsubscribe(self) -> None:
         for sub in self._subs:
             sub.remove()
@@ -150,7 +159,8 @@ class ProfileSession:
 
     def _start_exporter(self) -> None:
         config = self._config()
-        env = dict(os.environ)
+        # The exporter imports obs (safe_files): it must not turn on obs's features from the trainer's variables.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "MINDSPORE_", "OBS_CONFIG"))}
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
