@@ -167,8 +167,13 @@ def _components(path: str) -> tuple[list[str], str]:
     return [c for c in out if c not in _CONTAINERS], root
 
 
-def scope_parts(stack: Mapping[str, Any] | None, root_class: str | None, keep_class: bool) -> list[str]:
-    """The cells of a node's scope (``['net-Net', 'fc1-Linear']``) from its ``nn_module_stack``."""
+def scope_parts(stack: Mapping[str, Any] | None, root_class: str | None, keep_class: bool,
+                classes: Mapping[str, str] | None = None) -> list[str]:
+    """The cells of a node's scope (``['net-Net', 'fc1-Linear']``) from its ``nn_module_stack``.
+
+    ``classes`` (qualified name -> class, the compiled module's ``named_modules()``) names the containers
+    that are never called and so are not on the stack (``transformer-ModuleDict/h-ModuleList/0-Block``, as
+    the eager scopes say); without it such a path is one cell (``transformer.h.0-Block``)."""
     parts: list[str] = []
     previous: list[str] = []
     entries = list((stack or {}).values())
@@ -189,7 +194,12 @@ def scope_parts(stack: Mapping[str, Any] | None, root_class: str | None, keep_cl
             continue
         if not parts:
             parts.append("net")  # a module reached from a function, no root module recorded
-        rel = comps[len(previous):] if comps[:len(previous)] == previous and len(comps) > len(previous) else comps
+        start = len(previous) if comps[:len(previous)] == previous and len(comps) > len(previous) else 0
+        rel = comps[start:]
+        if classes and len(rel) > 1 and all(".".join(comps[:i + 1]) in classes for i in range(start, len(comps) - 1)):
+            for i in range(start, len(comps) - 1):
+                parts.append(f"{comps[i]}-{classes['.'.join(comps[:i + 1])]}" if keep_class else comps[i])
+            rel = rel[-1:]
         label = ".".join(rel)
         parts.append(f"{label}-{name}" if keep_class else label)
         previous = comps
@@ -219,7 +229,7 @@ def _param_name(node: torch.fx.Node) -> tuple[str, bool]:
 def describe(gm: torch.fx.GraphModule, name: str, *, stage: str, root_class: str | None = None,
              keep_class: bool = True, input_names: Sequence[tuple[str, bool]] | None = None,
              param_names: Mapping[str, tuple[str, bool]] | None = None,
-             attrs: Mapping[str, Any] | None = None) -> IrFile:
+             attrs: Mapping[str, Any] | None = None, classes: Mapping[str, str] | None = None) -> IrFile:
     """The :class:`IrFile` of ``gm``.  ``input_names``: (name, is_weight) per input of the graph AOT autograd
     started from (its primals are named after them); ``param_names``: placeholder name -> (name, is_weight)
     (torch.export's signature)."""
@@ -253,7 +263,7 @@ def describe(gm: torch.fx.GraphModule, name: str, *, stage: str, root_class: str
         stack = node.meta.get("nn_module_stack")
         if stack is None and backward:
             stack = node.meta.get("fwd_nn_module_stack")
-        cells = scope_parts(stack, root_class, keep_class)
+        cells = scope_parts(stack, root_class, keep_class, classes)
         if node.op == "call_module":
             cells.append(f"{node.target}-{op}" if keep_class else str(node.target))
         scope = "/".join((["Gradients"] if backward else []) + ["Default"] + cells + [f"{short}-op{k}"])
@@ -344,7 +354,8 @@ def describe_compiled(name: str, gm: torch.fx.GraphModule) -> tuple[IrFile, str]
     graph = name if stage == "dynamo_capture" else f"{name}_{stage.removeprefix('aot_')}"
     attrs = {"stage": stage, "compile": name, "backend": meta.get("obs_backend", "")}
     return describe(gm, graph, stage=stage, root_class=meta.get("obs_root"), keep_class=_keep_class(),
-                    input_names=names, attrs={k: v for k, v in attrs.items() if v}), stage
+                    input_names=names, attrs={k: v for k, v in attrs.items() if v},
+                    classes=meta.get("obs_classes")), stage
 
 
 def describe_export(graph: Any, name: str) -> tuple[IrFile, str]:

@@ -34,10 +34,12 @@ _counter_lock = threading.Lock()
 class ObsBackend:
     """A torch.compile backend: publish the captured graph, then delegate to ``inner``."""
 
-    def __init__(self, name: str, inner: str | Callable[..., Any] = "inductor", root: str | None = None) -> None:
+    def __init__(self, name: str, inner: str | Callable[..., Any] = "inductor", root: str | None = None,
+                 classes: dict[str, str] | None = None) -> None:
         self.name = name
         self.inner = inner
         self.root = root
+        self.classes = classes  # qualified name -> class of the compiled module's submodules (for scopes)
         self.graphs = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -46,7 +48,7 @@ class ObsBackend:
         self.graphs += 1
         name = f"{self.name}_{index}"
         backend = self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", "custom")
-        gm.meta.update(obs_stage="dynamo_capture", obs_root=self.root, obs_backend=backend)
+        gm.meta.update(obs_stage="dynamo_capture", obs_root=self.root, obs_backend=backend, obs_classes=self.classes)
         with suppressed():
             bus.emit(Event.GRAPH_COMPILED, name, gm, example_inputs)
         inner = self.inner
@@ -91,5 +93,8 @@ def compile(model_or_fn: F, *, backend: str | Callable[..., Any] = "inductor", *
     if get_context("mode") != GRAPH_MODE:
         return model_or_fn
     name = getattr(model_or_fn, "__name__", None) or type(model_or_fn).__name__
-    root = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else None
-    return torch.compile(model_or_fn, backend=ObsBackend(name, backend, root), **kwargs)  # type: ignore[return-value]
+    root = classes = None
+    if isinstance(model_or_fn, torch.nn.Module):
+        root = type(model_or_fn).__name__
+        classes = {qualified: type(sub).__name__ for qualified, sub in model_or_fn.named_modules() if qualified}
+    return torch.compile(model_or_fn, backend=ObsBackend(name, backend, root, classes), **kwargs)  # type: ignore[return-value]

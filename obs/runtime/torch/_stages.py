@@ -20,7 +20,7 @@ __all__ = ["staged"]
 
 def _publish(name: str, stage: str, gm: torch.fx.GraphModule, inputs: Any, parent: torch.fx.GraphModule) -> None:
     gm.meta.update(obs_stage=stage, obs_root=parent.meta.get("obs_root"), obs_parent=parent,
-                   obs_backend=parent.meta.get("obs_backend"))
+                   obs_backend=parent.meta.get("obs_backend"), obs_classes=parent.meta.get("obs_classes"))
     with suppressed():
         bus.emit(Event.GRAPH_COMPILED, name, gm, inputs)
 

@@ -95,6 +95,15 @@ def test_backward_stage_scopes_under_gradients():
     assert scope_parts({"": ("", type("Root", (), {}))}, None, True) == ["net-Root"]  # export's root entry
 
 
+def test_uncalled_containers_are_named_as_the_eager_scopes_name_them():
+    stack = {"1": ("L['self'].transformer.h.0", "Block"), "2": ("L['self'].transformer.h.0.attn", "Attention")}
+    classes = {"transformer": "ModuleDict", "transformer.h": "ModuleList", "transformer.h.0": "Block"}
+    assert scope_parts(stack, "GPT", True, classes) == ["net-GPT", "transformer-ModuleDict", "h-ModuleList",
+                                                         "0-Block", "attn-Attention"]
+    assert scope_parts(stack, "GPT", True) == ["net-GPT", "transformer.h.0-Block", "attn-Attention"]
+    assert scope_parts(stack, "GPT", False, classes) == ["net", "transformer", "h", "0", "attn"]
+
+
 def test_frames_of_an_fx_stack_trace():
     trace = ('  File "/a/train.py", line 12, in forward\n    y = x / 2\n        ^^^\n'
              '  File "/a/model.py", line 3, in f\n    return g(y)\n')
