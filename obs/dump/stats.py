@@ -91,7 +91,7 @@ def statistics(tensor: torch.Tensor, categories: Sequence[str]) -> list[Any]:
 
         def add(name: str, value: torch.Tensor) -> None:
             names.append(name)
-            parts.append(value.reshape(()).to(torch.float64))
+            parts.append(value)
 
         if n:
             if need & {"max", "min"}:
@@ -108,6 +108,8 @@ def statistics(tensor: torch.Tensor, categories: Sequence[str]) -> list[Any]:
                 add("zero count", zero.sum())
                 if floating:
                     add("negative zero count", (zero & torch.signbit(t)).sum())
+        if parts and any(p.dtype != parts[0].dtype for p in parts):  # one stack, one read-back: one dtype
+            parts = [p.to(torch.float64) for p in parts]
         read = dict(zip(names, torch.stack(parts).tolist())) if parts else {}
         if repeat > 1:  # the values of an expanded tensor, repeated
             for key in ("sum", "zero count", "negative zero count"):
