@@ -164,7 +164,7 @@ class Tracer:
         self._mode: _TraceMode | None = None
         self._thread = 0
         self._step = 0
-        self._root_calls = 0  # root module calls since the trace began (the one that began it included)
+        self._traced_root: Any = None  # weak reference to the first top-level module called in the traced step
         self._subs: list[Subscription] = [
             bus.subscribe(Event.MODULE_ENTER, self._on_module),
             bus.subscribe(Event.STEP_BEGIN, self._on_begin),
@@ -175,8 +175,9 @@ class Tracer:
         if scope.count("/") != 1:
             return
         if self._mode is not None and threading.get_ident() == self._thread:
-            self._root_calls += 1
-            if self._root_calls > 1:  # the next forward: the traced one is complete (no optimizer step came)
+            if self._traced_root is None:
+                self._traced_root = weakref.ref(module)  # the model whose forward the trace began in
+            elif self._traced_root() is module:  # its next forward: the traced one is complete (no step end came)
                 self._finish()
                 return
         if self._root:

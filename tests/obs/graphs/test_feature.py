@@ -221,7 +221,8 @@ def test_a_loop_without_optimizer_step_is_traced_for_one_forward_and_backward(tm
     net = Net()
     for _ in range(3):  # the update by hand, as some examples do: no optimizer.step(), no step end
         net.zero_grad()
-        net(torch.randn(8, 4)).sum().backward()
+        loss = torch.nn.MSELoss()(net(torch.randn(8, 4)), torch.zeros(8, 2))  # another top-level module: no end
+        loss.backward()
         with torch.no_grad():
             for p in net.parameters():
                 p.add_(p.grad, alpha=-0.1)
