@@ -96,6 +96,8 @@ class Exporter:
             self.jsonl = OtlpJsonWriter(config.folder, limit)
             self.chrome = ChromeTraceWriter(config.folder, limit, rank=header.rank, pid=header.pid)
         self._shown_drops = 0
+        self._last_step: int | None = None
+        self.lost_steps = 0  #: steps overwritten in the ring before the exporter read them
 
     def step(self, *, final: bool = False) -> None:
         if not final and self.sender is not None and self.sender.backlog >= self.sender.max_spans:
@@ -126,6 +128,7 @@ class Exporter:
 
         spans = []
         for record in records:
+            self._count_gap(record.step)
             if not self.selection.selected(record.step):
                 continue
             built = build_spans(record, run_id=self.run_id, rank=self.rank, world_size=self.world_size,
@@ -134,7 +137,6 @@ class Exporter:
             self.summary.add(built)
             self.counts.steps += 1
             spans.extend(built)
-        self.counts.dropped["ring_overrun"] = sum(self.follower.lost.values())
         if not spans:
             return
         self.counts.spans += len(spans)
@@ -156,6 +158,14 @@ class Exporter:
             except OSError:
                 pass
 
+    def _count_gap(self, step: int) -> None:
+        """Selected steps that never arrived (overwritten in the ring before they were read) are lost steps."""
+        last, self._last_step = self._last_step, step
+        if last is None or step <= last + 1:
+            return
+        gap = range(last + 1, step)
+        self.lost_steps += len(gap) if len(gap) > 100_000 else sum(map(self.selection.selected, gap))
+
     def _drop(self, why: str, n: int, message: str) -> None:
         if not self.counts.dropped.get(why):
             self.notes.append(message)
@@ -163,6 +173,9 @@ class Exporter:
 
     def dropped(self) -> dict[str, int]:
         out = dict(self.counts.dropped)
+        if self.lost_steps:  # estimated: the lost steps' spans, at the exported steps' mean
+            per_step = self.counts.spans / self.counts.steps if self.counts.steps else 5.0
+            out["ring_overrun"] = round(self.lost_steps * per_step)
         if self.sender is not None:
             for key, value in self.sender.dropped.items():
                 out[key] = out.get(key, 0) + value
@@ -178,6 +191,7 @@ class Exporter:
                 "steps": self.counts.steps, "spans": self.counts.spans,
                 "exported": self.sender.exported if self.sender is not None else self.counts.written,
                 "dropped": self.dropped(), "last_error": getattr(self.sender, "last_error", ""),
+                "ring_overrun": {"steps": self.lost_steps, "events": sum(self.follower.lost.values())},
                 "notes": self.notes,
                 "summary": self.summary.result(dropped=self.dropped(), endpoint=self.endpoint).as_dict()}
 

@@ -173,6 +173,10 @@ def _warn_drops(status: Mapping[str, Any]) -> None:
     where = status.get("endpoint") or "the local trace files"
     detail = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in sorted(dropped.items()))
     message = f"obs profiler dropped {total} spans sending to {where} ({detail})"
+    lost = (status.get("ring_overrun") or {}).get("steps")
+    if lost:
+        message += (f"; {lost} steps were overwritten in the ring before the exporter read them (their spans are "
+                    "estimated)")
     if status.get("last_error"):
         message += f"; last error: {status['last_error']}"
     logger.warning("%s", message)

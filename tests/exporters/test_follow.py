@@ -69,3 +69,25 @@ def test_a_step_the_trainer_died_in_is_incomplete(tmp_path):
     assert records[1].end_ns >= records[1].phases[0].end_ns
     w.close(remove=True)
     f.close()
+
+
+def test_the_exporter_counts_the_steps_an_overrun_cost(tmp_path):
+    from exporters.sidecar import ExportConfig, Exporter
+
+    w = ring(str(tmp_path))
+    append = w.appender("step")
+    exporter = Exporter(ExportConfig(ring=w.path, folder=str(tmp_path), trainer_pid=os.getpid()))
+    for n in (1, 2):
+        step(append, n)
+    exporter.step()
+    exporter.step()
+    for n in range(3, 31):  # 84 slots into a ring of 32 before the exporter looks again
+        step(append, n)
+    exporter.step(final=True)
+    exported = exporter.counts.steps
+    status = exporter.status(done=True)
+    assert exported + exporter.lost_steps == 30 and exporter.lost_steps >= 17
+    assert status["ring_overrun"]["steps"] == exporter.lost_steps and status["ring_overrun"]["events"] > 0
+    assert status["dropped"]["ring_overrun"] == exporter.lost_steps * 2  # 2 spans per exported step (step, forward)
+    exporter.close()
+    w.close(remove=True)
