@@ -54,6 +54,22 @@ def dump_run(root, *, saved="full", steps=2, plant=None, seed=0):
     return root
 
 
+class _without_parameters:  # noqa: N801 - a reader view for the test
+    """A DumpReader whose statistics skip the Parameter rows."""
+
+    def __init__(self, reader):
+        self._reader = reader
+
+    def steps(self):
+        return self._reader.steps()
+
+    def statistics(self, step=None):
+        return (r for r in self._reader.statistics(step) if r.op_type != "Parameter")
+
+    def tensors(self, step=None):
+        return (t for t in self._reader.tensors(step) if t.op_type != "Parameter")
+
+
 def obs_cli(*args):
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "obs", *args], capture_output=True, text=True, env=env, timeout=300)
@@ -103,13 +119,19 @@ def test_diff_finds_a_planted_divergence_and_none_between_equal_runs(tmp_path):
     same = diff_dumps(DumpReader(str(a)), DumpReader(str(b)))
     assert same.first is None and same.mode == "statistics" and same.compared > 50
     found = diff_dumps(DumpReader(str(a)), DumpReader(str(c))).first
-    assert (found.iteration, found.op_name, found.io, found.slot) == (0, "Default_net-Net_fc2-Linear_T-op4", "input", 0)
+    # the planted weight itself (its Parameter row), then the first op that reads it
+    assert (found.iteration, found.op_type, found.op_name, found.what) == (0, "Parameter", "fc2_weight", "max")
+    rows_without_parameters = diff_dumps(*(_without_parameters(DumpReader(str(p))) for p in (a, c))).first
+    assert (rows_without_parameters.op_name, rows_without_parameters.io) == ("Default_net-Net_fc2-Linear_T-op4",
+                                                                             "input")
     # tensors only: compared value by value
     ta, tc = dump_run(tmp_path / "ta", saved="tensor"), dump_run(tmp_path / "tc", saved="tensor",
                                                                    plant=lambda net: net.fc2.bias.add_(1e-3))
     found = diff_dumps(DumpReader(str(ta)), DumpReader(str(tc)))
-    assert found.mode == "tensors" and found.first.op_name == "Default_net-Net_fc2-Linear_Addmm-op5"
-    assert (found.first.io, found.first.slot, found.first.what) == ("input", 0, "values")
+    assert found.mode == "tensors" and (found.first.op_type, found.first.op_name) == ("Parameter", "fc2_bias")
+    assert (found.first.io, found.first.slot, found.first.what) == ("output", 0, "values")
+    found = diff_dumps(_without_parameters(DumpReader(str(ta))), _without_parameters(DumpReader(str(tc)))).first
+    assert (found.op_name, found.io, found.slot) == ("Default_net-Net_fc2-Linear_Addmm-op5", "input", 0)
 
 
 def test_cli_ls_stats_diff(tmp_path):
@@ -126,7 +148,7 @@ def test_cli_ls_stats_diff(tmp_path):
     assert result.returncode == 0 and "Default_net-Net_fc1-Linear" not in result.stdout and "Relu" in result.stdout
     result = obs_cli("dump", "diff", str(a), str(c))
     assert result.returncode == 1 and "first divergence" in result.stdout
-    assert "Default_net-Net_fc1-Linear_Addmm-op1" in result.stdout
+    assert "fc1_bias" in result.stdout and "Parameter" in result.stdout
     result = obs_cli("dump", "diff", str(a), str(a), "--json")
     assert result.returncode == 0 and json.loads(result.stdout)["diverged"] is False
     result = obs_cli("dump", "ls", str(tmp_path / "nothing-here"))
