@@ -25,6 +25,12 @@ def describe(cfg: EnvConfig) -> list[str]:
     else:
         lines.append("Running Data Recorder off (rdr.enable is false)")
     lines.append(f"device memory reuse {'on' if cfg.values['sys']['mem_reuse'] else 'off'}")
+    prof = cfg.values.get("profiler", {})
+    if prof.get("enable"):
+        where = prof["endpoint"] or "OTEL_EXPORTER_OTLP_ENDPOINT if set, else " + \
+            f"{prof['output'] or './obs_profile'}/rank_<r>/trace.json and traces.otlp.jsonl"
+        lines.append(f"profiler ON ({prof['options'].replace(':', ', ')}; at most {prof['span_budget']} spans per "
+                     f"step{', steps ' + str(prof['steps']) if prof['steps'] != '' else ''}): spans to {where}")
     if cfg.values.get("exception_dump", {}).get("enable"):
         lines.append(f"exception dump ON (mode {cfg.values['exception_dump']['mode']}): the failing op or module's "
                      "inputs go to <path>/rank_<r>/exception_dump/")
