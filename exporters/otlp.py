@@ -144,7 +144,8 @@ class OtlpSender:
         return self._queued
 
     def submit(self, batch: list[Any], *, force: bool = False) -> None:
-        """Queue ``batch``; dropped (and counted) when the queue is full, unless ``force`` (the final drain)."""
+        """Queue ``batch``; dropped (and counted) when the queue is full, unless ``force`` (a caller that bounds the
+        queue itself, as the exporter does by not reading the ring while it is full)."""
         if not batch:
             return
         with self._lock:

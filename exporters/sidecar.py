@@ -142,7 +142,7 @@ class Exporter:
         self.counts.spans += len(spans)
         readable = readable_spans(spans, self.resource)
         if self.sender is not None:
-            self.sender.submit(readable, force=final)
+            self.sender.submit(readable, force=True)  # bounded by step(): no ring read while the queue is full
             return
         try:
             self.jsonl.write(request_json(readable))

@@ -9,8 +9,10 @@ torch.profiler recording the same steps with its own Chrome-trace export.
 Each process is pinned to one core (the exporter processes and the receiver run on the others, as on a
 machine whose trainer is pinned); each profiler level's session is started once per process (its
 exporter stays up, as in a real job) and resumed for its rounds; variants alternate within each round;
-a round times a block of steps (torch.profiler's block includes its export); the reported figure is
-the median over processes of each process's median.  The receiver is a separate process (an HTTP/protobuf OTLP server decoding with
+a round times a block of steps (torch.profiler's block includes its export), in wall time and in the
+training thread's CPU time (``time.thread_time_ns``: what the step itself costs, without the time other
+tenants of a shared machine take the core away); the reported figure is the median over processes of
+each process's median.  The receiver is a separate process (an HTTP/protobuf OTLP server decoding with
 opentelemetry-proto), so receiving costs the trainer nothing.
 """
 
@@ -63,6 +65,8 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
         sessions[name].pause()
     time.sleep(5)  # the exporters have started (their imports are not the trainer's cost)
 
+    torch.set_num_threads(1)  # the training thread's CPU time is then all of the step's compute
+
     def torch_profiler():
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         prof.__enter__()
@@ -78,6 +82,7 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
     for workload in (mlp(), cnn()):
         names = ["plain", "training_trace", "task_trace", "torch.profiler + export"]
         samples: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
         for _ in range(3):
             workload.step()
         for r in range(rounds):
@@ -88,15 +93,17 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
                 elif name.startswith("torch"):
                     finish = torch_profiler()
                 workload.step()  # untimed: the first step after a switch
-                t0 = time.perf_counter_ns()
+                t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
                 for _ in range(workload.steps_per_round):
                     workload.step()
                 if finish is not None:
                     finish()
                 samples[name].append((time.perf_counter_ns() - t0) / 1e6 / workload.steps_per_round)
+                cpu[name].append((time.thread_time_ns() - c0) / 1e6 / workload.steps_per_round)
                 if name in sessions:
                     sessions[name].pause()
         results[workload.name] = {name: statistics.median(values) for name, values in samples.items()}
+        results[f"{workload.name} (CPU time)"] = {name: statistics.median(values) for name, values in cpu.items()}
     for session in sessions.values():
         session.close()
     return results
