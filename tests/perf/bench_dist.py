@@ -1,6 +1,6 @@
 """Cost of recording collectives on a 2-rank DDP training loop (gloo, CPU).
 
-Run: python tests/perf/bench_dist.py [--rounds 12] [--jobs 3] [--steps 40] [--out bench-dist.json]
+Run: python tests/perf/bench_dist.py [--rounds 30] [--jobs 3] [--steps 20] [--out bench-dist.json]
 Target (issue "Multi-rank"): recording collectives adds <= 2% per step over the same run without obs.
 
 Two ranks (torch.multiprocessing, one core each where the machine has two) train the same
@@ -38,6 +38,7 @@ import obs  # noqa: E402
 from _harness import Workload, measure, report  # noqa: E402
 
 WORLD = 2  #: ranks of the multi-rank job (a one-rank job runs first)
+WARMUP = 5  #: untimed steps after a variant is switched on
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -95,7 +96,10 @@ def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) 
 
         def run():
             current["workload"] = workload
-            return setup() if setup is not None else (lambda: None)
+            teardown = setup() if setup is not None else (lambda: None)
+            for _ in range(WARMUP):  # past the start of obs's threads: a rank slowed by them slows the other
+                workload.step()
+            return teardown
         return run
 
     mixed = Workload("ddp mlp", lambda: current["workload"].step(), steps)
@@ -112,9 +116,9 @@ def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=40, help="timed steps per variant per round")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant per round")
     parser.add_argument("--out", default="bench-dist.json")
     args = parser.parse_args()
     results, per_job, events = {}, {}, 0
