@@ -91,47 +91,45 @@ def diff_dumps(a: DumpReader, b: DumpReader, *, rtol: float = 1e-5, atol: float 
                       mode, first)
 
 
+def _walk(items_a: list[Any], items_b: list[Any], key: tuple[int, int],
+          compare: Callable[[Any, Any], tuple[str, Any, Any] | None]) -> tuple[int, Divergence | None]:
+    """A's items in order, each matched with B's by (op name, IO, slot); the first ``compare`` objects to."""
+    index_b = {(t.op_name, t.io, t.slot): t for t in items_b}
+    for i, a in enumerate(items_a):
+        b = index_b.get((a.op_name, a.io, a.slot))
+        found = ("missing", "present", "absent") if b is None else compare(a, b)
+        if found is not None:
+            return i, Divergence(key[0], key[1], i, a.op_type, a.op_name, a.io, a.slot, *found)
+    return len(items_a), None
+
+
 def _diff_rows(rows_a: list[StatRow], rows_b: list[StatRow], key: tuple[int, int], rtol: float,
                atol: float) -> tuple[int, Divergence | None]:
-    index_b = {(r.op_name, r.io, r.slot): r for r in rows_b}
-    for i, ra in enumerate(rows_a):
-        rb = index_b.get((ra.op_name, ra.io, ra.slot))
-
-        def diverge(what: str, va: Any, vb: Any) -> Divergence:
-            return Divergence(key[0], key[1], i, ra.op_type, ra.op_name, ra.io, ra.slot, what, va, vb)
-
-        if rb is None:
-            return i, diverge("missing", "present", "absent")
+    def compare(ra: StatRow, rb: StatRow) -> tuple[str, Any, Any] | None:
         if ra.shape != rb.shape:
-            return i, diverge("shape", ra.shape, rb.shape)
+            return "shape", ra.shape, rb.shape
         for stat, va in ra.stats.items():
             if stat in rb.stats and not _close(va, rb.stats[stat], rtol, atol):
-                return i, diverge(stat, va, rb.stats[stat])
-    return len(rows_a), None
+                return stat, va, rb.stats[stat]
+        return None
+    return _walk(rows_a, rows_b, key, compare)
 
 
 def _diff_tensors(files_a: list[TensorFile], files_b: list[TensorFile], key: tuple[int, int], rtol: float,
                   atol: float) -> tuple[int, Divergence | None]:
-    index_b = {(t.op_name, t.io, t.slot): t for t in files_b}
-    for i, ta in enumerate(files_a):
-        tb = index_b.get((ta.op_name, ta.io, ta.slot))
-
-        def diverge(what: str, va: Any, vb: Any) -> Divergence:
-            return Divergence(key[0], key[1], i, ta.op_type, ta.op_name, ta.io, ta.slot, what, va, vb)
-
-        if tb is None:
-            return i, diverge("missing", "present", "absent")
+    def compare(ta: TensorFile, tb: TensorFile) -> tuple[str, Any, Any] | None:
         if ta.dtype != tb.dtype:
-            return i, diverge("dtype", ta.dtype, tb.dtype)
+            return "dtype", ta.dtype, tb.dtype
         xa, xb = ta.load(), tb.load()
         if xa.shape != xb.shape:
-            return i, diverge("shape", xa.shape, xb.shape)
+            return "shape", xa.shape, xb.shape
         if xa.dtype.kind in "fc" or xb.dtype.kind in "fc":
             same = np.allclose(xa, xb, rtol=rtol, atol=atol, equal_nan=True)
         else:
             same = np.array_equal(xa, xb)
-        if not same:
-            with np.errstate(invalid="ignore"):
-                gap = np.nanmax(np.abs(xa.astype(np.float64) - xb.astype(np.float64))) if xa.size else 0.0
-            return i, diverge("values", f"max |a-b| = {float(gap):.6g}", f"rtol={rtol}, atol={atol}")
-    return len(files_a), None
+        if same:
+            return None
+        with np.errstate(invalid="ignore"):
+            gap = np.nanmax(np.abs(xa.astype(np.float64) - xb.astype(np.float64))) if xa.size else 0.0
+        return "values", f"max |a-b| = {float(gap):.6g}", f"rtol={rtol}, atol={atol}"
+    return _walk(files_a, files_b, key, compare)

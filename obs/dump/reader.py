@@ -27,7 +27,7 @@ from obs._core.errors import DamagedFileError, NotOurFileError
 from obs.dump.config import CATEGORY_COLUMNS
 from obs.dump.stats import FIXED_COLUMNS
 
-__all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "load_npy", "parse_tensor_name",
+__all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "TensorKey", "load_npy", "parse_tensor_name",
            "read_statistic_csv"]
 
 _MAX_CSV = 1 << 30  # a statistic.csv larger than this is not one of ours
@@ -47,10 +47,9 @@ class Step:
 
 
 @dataclass(frozen=True)
-class TensorFile:
-    """One dumped tensor, from its file name (nothing read yet)."""
+class TensorKey:
+    """What names one dumped tensor, in a file name and in a statistic.csv row alike."""
 
-    path: str
     op_type: str
     op_name: str
     task_id: int
@@ -58,8 +57,15 @@ class TensorFile:
     timestamp: int
     io: str
     slot: int
-    format: str
-    dtype: str
+
+
+@dataclass(frozen=True)
+class TensorFile(TensorKey):
+    """One dumped tensor, from its file name (nothing read yet)."""
+
+    format: str = "DefaultFormat"
+    dtype: str = ""
+    path: str = ""
     step: Step | None = None
 
     def load(self) -> np.ndarray:
@@ -97,19 +103,12 @@ def load_npy(path: str) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class StatRow:
+class StatRow(TensorKey):
     """One row of ``statistic.csv``; ``stats`` maps the category (``"max"``, ``"l2norm"``) to its value."""
 
-    op_type: str
-    op_name: str
-    task_id: int
-    stream_id: int
-    timestamp: int
-    io: str
-    slot: int
-    data_size: int
-    data_type: str
-    shape: tuple[int, ...]
+    data_size: int = 0
+    data_type: str = ""
+    shape: tuple[int, ...] = ()
     stats: dict[str, Any] = field(default_factory=dict)
     step: Step | None = None
 
@@ -285,7 +284,7 @@ class DumpReader:
             for name in os.listdir(s.path):
                 fields = parse_tensor_name(name)
                 if fields is not None:
-                    found.append(TensorFile(os.path.join(s.path, name), *fields, step=s))
+                    found.append(TensorFile(*fields, path=os.path.join(s.path, name), step=s))
             yield from sorted(found, key=lambda t: (t.timestamp, t.io, t.slot))
 
     def statistics(self, step: Step | None = None) -> Iterator[StatRow]:

@@ -17,16 +17,7 @@ from obs.dump import DumpReader
 from obs.dump.diff import diff_dumps
 from obs.dump.reader import read_statistic_csv
 from obs.runtime.steps import tracker
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(4, 8)
-        self.fc2 = torch.nn.Linear(8, 2)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
+from tests.obs.dump.test_data_dump import Net
 
 
 def dump_run(root, *, saved="full", steps=2, plant=None, seed=0):
