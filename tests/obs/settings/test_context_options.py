@@ -85,8 +85,9 @@ def test_default_before_set(key):
 
 
 @pytest.mark.parametrize("key", KEYS)
-def test_good_value_is_stored_or_ignored_by_device(key, good):
+def test_good_value_is_stored_or_ignored_by_device(key, good, tmp_path, monkeypatch):
     """A good value is stored (normalised); a key for another device is ignored with a warning."""
+    monkeypatch.chdir(tmp_path)  # a key that turns a feature on (enable_profiling) writes to its default ./ folder
     value = good(key)
     row = CONTEXT_OPTIONS[key]
     with warnings.catch_warnings(record=True) as caught:
