@@ -216,3 +216,19 @@ def test_a_backend_without_aot_autograd_runs_behind_it_at_level_2(tmp_path):
     assert seen == [["aten"], ["aten"]]  # forward and backward, both aten graphs
     stages = [e["stage"] for e in json.loads((tmp_path / "index.json").read_text())["graphs"]]
     assert stages == ["dynamo_capture", "aot_forward", "aot_backward"]
+
+
+def test_level_3_renders_an_svg_beside_each_dot_where_graphviz_is(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "dot"  # a stand-in for Graphviz's dot (none on the CI machines)
+    fake.parent.mkdir()
+    fake.write_text(f"#!{sys.executable}\nimport sys\nassert sys.argv[1] == '-Tsvg'\n"
+                    "sys.stdout.write('<svg>' + str(sys.stdin.read().count('->')) + '</svg>')\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    folder = tmp_path / "g"
+    obs.set_context(mode=obs.GRAPH_MODE, save_graphs=3, save_graphs_path=str(folder))
+    torch._dynamo.reset()
+    obs.compile(lambda x: torch.relu(x) * 2, backend="eager")(torch.ones(3))
+    entry = json.loads((folder / "index.json").read_text())["graphs"][0]
+    assert entry["files"]["svg"] == entry["files"]["dot"][:-4] + ".svg"
+    assert (folder / entry["files"]["svg"]).read_text().startswith("<svg>")
