@@ -144,18 +144,20 @@ class CollectiveHooks:
         self._pending: list[tuple[Any, dict[str, Any], int]] = []  #: device work whose completion is polled
         self._polling = False
         self._originals: dict[str, Any] = {}
+        self._specs: dict[str, _Args] = {}
         for name in OPS:
             original = getattr(c10d, name, None)
             if original is None:
                 continue
             self._originals[name] = original
-            wrapped = self._wrap(name, original, _Args(name, original))
+            self._specs[name] = _Args(name, original)
+            wrapped = self._wrap(name, original, self._specs[name])
             setattr(c10d, name, wrapped)
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapped)
         from obs.runtime.torch._ddp import DdpHooks
 
-        self._ddp = DdpHooks()
+        self._ddp = DdpHooks(self.bucket_all_reduce)
 
     def _wrap(self, name: str, original: Any, spec: _Args) -> Any:
         groups, seqs = self._groups, self._seq
@@ -213,6 +215,45 @@ class CollectiveHooks:
 
         return collective
 
+    def bucket_all_reduce(self, tensor: torch.Tensor, group: Any) -> Any:
+        """A DDP gradient bucket, as PyTorch's ``allreduce_hook`` reduces it (divide by the group size,
+        all_reduce), on record: ``scheduled`` now, ``completed`` / ``failed`` from the callback that also
+        hands the bucket back to DDP (one Python callback per bucket, as allreduce_hook has)."""
+        original = self._originals["all_reduce"]
+        use = group if group is not None else dist.group.WORLD
+        tensor.div_(use.size())
+        try:
+            record, _ = _record("all_reduce", group, self._specs["all_reduce"], (tensor,), {}, self._groups,
+                                self._seq)
+            record["state"] = "scheduled"
+            bus.emit(Event.COLLECTIVE, dict(record))
+        except Exception as exc:
+            report_internal_error("DDP bucket all_reduce", exc)
+            return original(tensor, group=use, async_op=True).get_future().then(_first)
+        start = time.perf_counter_ns()
+        try:
+            work = original(tensor, group=use, async_op=True)
+        except BaseException as exc:
+            bus.emit(Event.COLLECTIVE, {**record, "state": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                        "duration_ns": time.perf_counter_ns() - start})
+            raise
+        if _device_work([tensor]):
+            self._pend(work, record, start)
+            return work.get_future().then(_first)
+
+        def done(future: Any) -> Any:
+            elapsed = time.perf_counter_ns() - start
+            try:
+                value = future.value()
+            except Exception as exc:
+                bus.emit(Event.COLLECTIVE, {**record, "state": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                            "duration_ns": elapsed})
+                raise
+            bus.emit(Event.COLLECTIVE, {**record, "state": "completed", "duration_ns": elapsed})
+            return value[0]
+
+        return work.get_future().then(done)
+
     def _pend(self, work: Any, record: dict[str, Any], start: int) -> None:
         self._pending.append((work, record, start))
         if not self._polling:  # also at each step boundary, so a finished last collective shows completed
@@ -269,6 +310,10 @@ def _record(name: str, group: Any, spec: _Args, args: tuple[Any, ...], kwargs: d
     record.update(seq=next(seqs[key]), sizes=[list(t.shape) for t in tensors[:4]],
                   dtype=str(tensors[0].dtype).removeprefix("torch.") if tensors else None, duration_ns=0)
     return record, tensors
+
+
+def _first(future: Any) -> Any:
+    return future.value()[0]
 
 
 def _on_completion(work: Any, record: dict[str, Any], start: int) -> None:

@@ -1,20 +1,21 @@
 """DDP's gradient-bucket all_reduces, which its C++ reducer issues behind the Python collectives, on record.
 
 While installed, each ``DistributedDataParallel`` built gets one Python communication hook, a
-relay: by default it runs PyTorch's own ``allreduce_hook`` (divide by the group size, all_reduce:
-what the reducer does with no hook, the same numbers), whose ``dist.all_reduce(async_op=True)``
-the collective wrappers record, completed by its future.
+relay: by default it does what PyTorch's own ``allreduce_hook`` does (divide by the group size,
+all_reduce: what the reducer does with no hook, the same numbers) and records the all_reduce
+(:meth:`CollectiveHooks.bucket_all_reduce`).
 
 The reducer takes one hook per model, once.  So a hook the user registers later
 (``register_comm_hook``, or a built-in one) replaces the relay's default instead of failing: the
 relay calls the user's hook (whose Python collectives are recorded as any others).  A model that
 already has a hook when it is built (DDP's mixed-precision hook), or reduces in Python (compiled
 autograd), is left alone.  ``remove()`` puts the class back; models built meanwhile keep their relay,
-which then only calls the default hook.
+which then only calls PyTorch's ``allreduce_hook``.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from obs._core.internal import report_internal_error
@@ -23,30 +24,38 @@ __all__ = ["DdpHooks"]
 
 
 class _Relay:
-    """The hook DDP calls per bucket: the user's hook if they registered one, else the default all_reduce."""
+    """The hook DDP calls per bucket: the user's hook if they registered one, else the default all_reduce.
 
-    __slots__ = ("hook", "state", "taken")
+    While obs records, the default is ``record(buffer, group)``: PyTorch's allreduce_hook (divide by
+    the group size, all_reduce) with its record published from the future's own callback (one
+    Python callback per bucket, as allreduce_hook has); afterwards PyTorch's allreduce_hook itself."""
 
-    def __init__(self, process_group: Any) -> None:
+    __slots__ = ("hook", "state", "taken", "record", "__weakref__")
+
+    def __init__(self, process_group: Any, record: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        self.hook, self.state = allreduce_hook, process_group
+        self.hook, self.state, self.record = allreduce_hook, process_group, record
         self.taken = False  #: the user registered a hook (a second one fails in the reducer, as without obs)
 
     def take(self, hook: Any, state: Any) -> None:
         self.hook, self.state, self.taken = hook, state, True
 
     def __call__(self, _state: Any, bucket: Any) -> Any:
+        record = self.record
+        if record is not None and not self.taken:
+            return record(bucket.buffer(), self.state)
         return self.hook(self.state, bucket)
 
 
 class DdpHooks:
     """Patches ``DistributedDataParallel`` (construction and hook registration) until ``remove()``."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         self._cls = DDP
+        self._relays: weakref.WeakSet[_Relay] = weakref.WeakSet()
         self._saved = {name: DDP.__dict__[name] for name in ("__init__", "register_comm_hook",
                                                              "_register_builtin_comm_hook")}
         init, register, builtin = (self._saved[n] for n in ("__init__", "register_comm_hook",
@@ -55,7 +64,9 @@ class DdpHooks:
         def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:
             init(ddp, *args, **kwargs)
             try:
-                _install_relay(ddp)
+                relay = _install_relay(ddp, record)
+                if relay is not None:
+                    self._relays.add(relay)
             except Exception as exc:  # our bug: the model trains without its buckets on record
                 report_internal_error("DDP communication hook", exc)
 
@@ -86,17 +97,20 @@ class DdpHooks:
         for name, original in self._saved.items():
             setattr(self._cls, name, original)
         self._saved = {}
+        for relay in list(self._relays):  # models built meanwhile go on with PyTorch's allreduce_hook
+            relay.record = None
 
 
-def _install_relay(ddp: Any) -> None:
+def _install_relay(ddp: Any, record: Any) -> _Relay | None:
     import torch.distributed as dist
 
     reducer = getattr(ddp, "reducer", None)
     if reducer is None or ddp._comm_hooks or getattr(ddp, "_use_python_reducer", False):
-        return
-    relay = _Relay(ddp.process_group)
+        return None
+    relay = _Relay(ddp.process_group, record)
     dist._register_comm_hook(reducer, None, relay)
     ddp._obs_relay = relay
+    return relay
 
 
 def _builtin(comm_hook_type: Any) -> Any:
