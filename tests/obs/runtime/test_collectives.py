@@ -103,6 +103,7 @@ def test_ddp_gradient_buckets_are_all_reduced_on_record_and_a_user_hook_takes_ov
         torch.manual_seed(0)
         plain = torch.nn.Linear(4, 2)
         ddp = DDP(torch.nn.Linear(4, 2))
+        models.append(ddp)
         ddp.module.load_state_dict(plain.state_dict())
         x = torch.randn(3, 4)
         ddp(x).sum().backward()
@@ -117,9 +118,10 @@ def test_ddp_gradient_buckets_are_all_reduced_on_record_and_a_user_hook_takes_ov
         except RuntimeError as exc:
             second.append(str(exc))
 
-    marks, second, records = [], [], []
+    marks, second, records, models = [], [], [], []
     _records_of(run, tmp_path, records)
     assert DDP.__init__.__module__ == "torch.nn.parallel.distributed"  # the class is put back
+    assert models[0]._obs_relay.record is None  # the model built meanwhile goes on with plain allreduce_hook
     buckets = [r for r in records[:marks[0]] if r["op"] == "all_reduce"]
     assert [r["state"] for r in buckets] == ["scheduled", "completed"] and buckets[1]["sizes"] == [[10]]
     assert calls == [0] and [r["state"] for r in records[marks[0]:] if r["op"] == "all_reduce"] == \
