@@ -21,10 +21,17 @@ _LIBRARY = tuple(sorted({p + os.sep for p in (sysconfig.get_paths().get(k) for k
                                               ("stdlib", "platstdlib", "purelib", "platlib")) if p}))
 
 
+#: the recorder's dump and signal machinery: a thread waiting in it (the main thread while a signal's dump runs
+#: on the watcher) shows the frame it was in before, not these
+_MACHINERY = tuple(os.sep + os.path.join("recorder", name) for name in
+                   ("signals.py", "triggers.py", "recorder.py", "bundle.py", "assemble.py", "stacks.py"))
+
+
 def all_stacks() -> list[dict[str, Any]]:
     """One entry per live thread: name, ident, daemon flag, frames (file, line, function, code) outermost first.
 
-    The dumping thread's innermost frames that belong to obs itself (the dump machinery) are left out.
+    The dumping thread's innermost frames that belong to obs itself are left out, and so are every other
+    thread's innermost frames in the recorder's dump and signal machinery.
     """
     names = {t.ident: t for t in threading.enumerate()}
     me = threading.get_ident()
@@ -36,11 +43,26 @@ def all_stacks() -> list[dict[str, Any]]:
         if ident == me:
             while len(frames) > 1 and frames[-1]["file"].startswith(_OURS):
                 frames.pop()
+        else:
+            del frames[_machinery_starts(frames):]
         out.append({"thread": thread.name if thread else f"thread-{ident}", "ident": ident,
                     "daemon": bool(thread and thread.daemon), "main": thread is threading.main_thread(),
                     "frames": frames})
     out.sort(key=lambda s: (not s["main"], s["thread"]))
     return out
+
+
+def _machinery_starts(frames: list[dict[str, Any]]) -> int:
+    """Where the innermost run of machinery frames (and the library calls it made, e.g. ``Event.wait``)
+    begins; ``len(frames)`` when the thread is not in the machinery.  The outermost frame always stays."""
+    cut = len(frames)
+    for i in range(len(frames) - 1, 0, -1):
+        name = frames[i]["file"]
+        if name.endswith(_MACHINERY):
+            cut = i
+        elif not _is_library(name):
+            break
+    return cut
 
 
 def stacks_text(stacks: list[dict[str, Any]]) -> str:

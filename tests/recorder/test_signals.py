@@ -154,6 +154,8 @@ def test_two_sigterms_in_quick_succession_make_one_bundle(tmp_path):
     assert code == -signal.SIGTERM and took < EXIT_WITHIN_S, (code, took)
     b = only_bundle(rdr, "SIGTERM")
     assert [e["marker"] for e in b.events({"marker"})] == ["signal"]
+    # The main thread waited in the relay while the watcher dumped: its stack ends where the script was.
+    assert main_frames(b)[-1]["file"].endswith("signals_script.py"), main_frames(b)[-3:]
 
 
 def test_sigint_while_python_runs_raises_keyboard_interrupt_after_the_dump(tmp_path):
@@ -188,6 +190,8 @@ def test_a_second_signal_after_the_grace_period_ends_the_process_at_once(tmp_pat
     assert code == -signal.SIGTERM and took < 1.0, (code, took)
     b = only_bundle(rdr, "SIGTERM")
     assert [e["marker"] for e in b.events({"marker"})] == ["signal"]
+    # The main thread waited in the relay while the watcher dumped: its stack ends where the script was.
+    assert main_frames(b)[-1]["file"].endswith("signals_script.py"), main_frames(b)[-3:]
 
 
 def test_an_asyncio_program_keeps_its_wakeup_fd(tmp_path):
