@@ -48,6 +48,12 @@ def cache_dir() -> str:
     return os.path.join(root, tag.replace("+", "_"))
 
 
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
 def build() -> str:
     """Compile the observer (or find it built) and return the shared library's path; raises on failure."""
     from torch.utils import cpp_extension
@@ -57,6 +63,8 @@ def build() -> str:
     name = "obs_op_observer"
     path = os.path.join(folder, f"{name}.so")
     if not os.path.exists(path):
+        logger.warning("obs: building the native op observer for torch %s (once, about 30 s; kept in %s)",
+                       torch_version(), folder)
         # -DNDEBUG as libtorch itself: RecordFunction's layout differs in debug builds.
         cpp_extension.load(name=name, sources=[_SOURCE], extra_cflags=["-O2", "-DNDEBUG"], build_directory=folder,
                            is_python_module=False, verbose=False)
