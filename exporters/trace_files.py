@@ -19,7 +19,7 @@ from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
 
 __all__ = ["TraceFile", "TraceFolder", "iter_otlp_requests", "read_chrome_trace", "read_folder", "read_otlp_jsonl",
-           "read_path", "request_spans"]
+           "folder_files", "read_path", "read_status", "request_spans"]
 
 _KINDS = {"step", "phase", "module", "op"}
 _MAX_FILE = 1 << 31
@@ -202,25 +202,34 @@ def _ordered(folder: str, pattern: str) -> list[str]:
     return [p for _, p in sorted(found)]
 
 
-def read_folder(path: str) -> TraceFolder:
-    """An output folder (``obs_profile``) or one rank's folder: per rank, its OTLP JSON lines files (or, when
-    there are none, its Chrome traces), rotated ones first; and the exporters' status files."""
+def folder_files(path: str) -> tuple[list[str], list[str]]:
+    """(trace files, status files) of an output folder (``obs_profile``) or one rank's folder: per rank, its OTLP
+    JSON lines files (or, when there are none, its Chrome traces), rotated ones first."""
     ranks = sorted(os.path.join(path, d) for d in os.listdir(path) if re.fullmatch(r"rank_(\d+|unresolved-\d+)", d)
                    and os.path.isdir(os.path.join(path, d))) or [path]
-    files: list[TraceFile] = []
-    statuses: list[dict[str, Any]] = []
+    traces: list[str] = []
+    statuses: list[str] = []
     for folder in ranks:
-        otlp = _ordered(folder, r"traces\.otlp(?:\.(\d+))?\.jsonl")
-        files += [read_otlp_jsonl(p) for p in otlp] or \
-            [read_chrome_trace(p) for p in _ordered(folder, r"trace(?:\.(\d+))?\.json")]
-        for p in _ordered(folder, r"status_(\d+)\.json"):
-            try:
-                status = json.loads(safe_files.read_private(p, limit=1 << 24))
-            except ValueError as exc:
-                raise DamagedFileError(f"{p}: damaged status file: {str(exc)[:80]}", path=p, offset=0) from None
-            if isinstance(status, dict):
-                statuses.append(status)
-    if not files and not statuses:
+        traces += _ordered(folder, r"traces\.otlp(?:\.(\d+))?\.jsonl") or _ordered(folder, r"trace(?:\.(\d+))?\.json")
+        statuses += _ordered(folder, r"status_(\d+)\.json")
+    if not traces and not statuses:
         raise NotOurFileError(f"{path}: no trace files (traces.otlp.jsonl, trace.json) or exporter status here",
                               path=path)
-    return TraceFolder(path, files, statuses)
+    return traces, statuses
+
+
+def read_status(path: str) -> dict[str, Any]:
+    """An exporter's ``status_<pid>.json`` (counts, drops, endpoint, its summary)."""
+    try:
+        status = json.loads(safe_files.read_private(path, limit=1 << 24))
+    except ValueError as exc:
+        raise DamagedFileError(f"{path}: damaged status file: {str(exc)[:80]}", path=path, offset=0) from None
+    if not isinstance(status, dict):
+        raise DamagedFileError(f"{path}: damaged status file: not a JSON object", path=path, offset=0)
+    return status
+
+
+def read_folder(path: str) -> TraceFolder:
+    """Every trace file (see :func:`folder_files`) and status file of a folder, read."""
+    traces, statuses = folder_files(path)
+    return TraceFolder(path, [read_path(p) for p in traces], [read_status(p) for p in statuses])

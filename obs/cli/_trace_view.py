@@ -24,14 +24,14 @@ EXIT_OK, EXIT_PROBLEM = 0, 1
 def load_summary(path: str) -> Any:
     """The :class:`TraceSummary` of a file or an output folder."""
     from exporters.summary import SummaryBuilder, TraceSummary, Timing
-    from exporters.trace_files import read_folder, read_path
+    from exporters.trace_files import folder_files, read_status
 
     builder = SummaryBuilder()
     if os.path.isdir(path):
-        folder = read_folder(path)
-        files, statuses = folder.files, folder.statuses
+        paths, status_paths = folder_files(path)
+        files, statuses = _read_with_progress(paths), [read_status(p) for p in status_paths]
     else:
-        files, statuses = [read_path(path)], []
+        files, statuses = _read_with_progress([path]), []
     dropped: dict[str, int] = {}
     for status in statuses:
         for key, value in (status.get("dropped") or {}).items():
@@ -48,6 +48,27 @@ def load_summary(path: str) -> Any:
         data.update(dropped=sum(dropped.values()), dropped_detail=dropped, sources=[path])
         return TraceSummary(**data)
     return builder.result(dropped=dropped, endpoint=endpoint, sources=[f.path for f in files])
+
+
+def _read_with_progress(paths: list[str]) -> list[Any]:
+    """Read trace files; on a terminal, with a transient progress bar (by bytes) when there is much to read."""
+    import sys
+
+    from exporters.trace_files import read_path
+
+    sizes = [os.path.getsize(p) for p in paths]
+    if not sys.stderr.isatty() or sum(sizes) < 16 << 20:
+        return [read_path(p) for p in paths]
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    out = []
+    with Progress(TextColumn("reading traces"), BarColumn(), DownloadColumn(), console=err_console(),
+                  transient=True) as bar:
+        task = bar.add_task("read", total=sum(sizes))
+        for p, size in zip(paths, sizes):
+            out.append(read_path(p))
+            bar.advance(task, size)
+    return out
 
 
 def run_summary(path: str, *, as_json: bool) -> int:
@@ -123,9 +144,9 @@ def run_export(path: str, *, endpoint: str, protocol: str, as_json: bool) -> int
     from opentelemetry.sdk.resources import Resource
 
     if os.path.isdir(path):
-        from exporters.trace_files import read_folder
+        from exporters.trace_files import folder_files
 
-        paths = [f.path for f in read_folder(path).files if f.format == "otlp-jsonl"]
+        paths = [p for p in folder_files(path)[0] if p.endswith(".jsonl")]
         if not paths:
             raise FileNotFoundError(2, f"{path!r} holds no traces.otlp.jsonl file to export", path)
     else:
