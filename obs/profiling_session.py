@@ -141,12 +141,9 @@ class ProfileSession:
             self._subscribe()
 
     def _unsubscribe(self) -> None:
-        for sub in self._subs:
-            sub.remove()
-        self._subs = []
-        for writer in self._writers:
-            writer.release()
-        self._writers = []
+        from recorder.handlers import unsubscribe
+
+        unsubscribe(self._subs, self._writers)
 
     # -- the exporter ---------------------------------------------------------------------------
     def _config(self) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 from recorder.layout import Kind
 from recorder.ring import RingWriter
 
-__all__ = ["describe_args", "hotpath", "module_handlers", "op_handler"]
+__all__ = ["describe_args", "hotpath", "module_handlers", "op_handler", "unsubscribe"]
 
 
 def hotpath() -> Any:
@@ -113,3 +113,14 @@ def describe_args(args: Any) -> str:
         else:
             parts.append(type(arg).__name__)
     return " ".join(parts)
+
+
+def unsubscribe(subs: list[Any], writers: list[Any]) -> None:
+    """Remove ``subs`` (bus subscriptions), then release ``writers`` (C SlotWriters, before their ring closes);
+    both lists are emptied."""
+    for sub in subs:
+        sub.remove()
+    subs.clear()
+    for writer in writers:
+        writer.release()
+    writers.clear()

@@ -30,7 +30,7 @@ from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
 from recorder.graphs import remove_graphs, write_graph
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
-from recorder.handlers import hotpath, module_handlers, op_handler
+from recorder.handlers import hotpath, module_handlers, op_handler, unsubscribe
 from recorder.layout import DEFAULT_CAPACITY, Kind
 from recorder.ring import RingWriter
 from recorder.ring_reader import RingContents, read_ring
@@ -400,12 +400,7 @@ class Recorder:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _unsubscribe(self) -> None:
-        for sub in self._subs:
-            sub.remove()
-        self._subs = []
-        for writer in self._writers:
-            writer.release()
-        self._writers = []
+        unsubscribe(self._subs, self._writers)
 
     def detach(self) -> None:
         """In a forked child: stop recording without touching the parent's ring, marker or files.
