@@ -53,7 +53,11 @@ def check_step_trees(spans, steps, *, modules=False):
         ids = {s["span_id"]: s for s in members}
         assert root["parent_id"] == ""
         children = [s for s in members if s["parent_id"] == root["span_id"]]
-        assert [c["name"] for c in sorted(children, key=lambda c: c["start"])] == PHASES
+        # The phases, in order; an op that ran between two phases (the optimizer's record_function, entered just
+        # before its step hooks run) is the step's own child, and with op_trace on a slow one becomes a span.
+        phases = [c for c in children if "ml.phase" in c["attributes"]]
+        assert [c["name"] for c in sorted(phases, key=lambda c: c["start"])] == PHASES
+        assert all(c["attributes"].get("ml.op.name") for c in children if c not in phases)
         for s in members:
             assert root["start"] <= s["start"] <= s["end"] <= root["end"]
             if s is not root:
