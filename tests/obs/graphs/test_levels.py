@@ -15,16 +15,7 @@ import torch
 import obs
 from obs.graphs import read_ir
 from obs.graphs.files import next_number
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(4, 3)
-        self.fc2 = torch.nn.Linear(3, 2)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
+from tests.obs.graphs.nets import Net
 
 
 def parse_dot(path: str):
