@@ -149,6 +149,7 @@ def test_fallback_without_a_compiler_says_why_once_and_uses_the_dispatch_mode(tm
     monkeypatch.setenv("OBS_NATIVE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("OBS_NATIVE_OPS", "1")
+    monkeypatch.delenv("OBS_RDR_PURE_PYTHON", raising=False)  # the observer needs the C hot path's ring
     config = tmp_path / "rdr.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "granularity": "op"}}))
     with caplog.at_level(logging.WARNING, logger="obs"):
