@@ -12,6 +12,7 @@ import torch
 import obs
 from obs.runtime.steps import tracker
 from recorder.bundle_reader import load_bundle
+from tests.recorder.op_training import train_and_fail
 
 try:
     from recorder import _hotpath as hotpath
@@ -32,17 +33,7 @@ def record(tmp_path, monkeypatch, pure: bool):
     tracker.reset()
     obs.set_context(env_config_path=str(config))
     assert bool(obs.rdr.recorder()._writers) is not pure
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for _ in range(2):
-        net(torch.randn(3, 4)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    try:
-        net[2](torch.ones(3, 5))
-    except RuntimeError:
-        pass
+    train_and_fail()
     path = obs.rdr.dump("parity")
     obs.reset_context()
     keep = ("kind", "scope", "name", "inputs", "step", "error")

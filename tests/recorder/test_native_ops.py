@@ -21,6 +21,7 @@ import obs
 from obs.runtime.steps import tracker
 from recorder import native_ops
 from recorder.bundle_reader import load_bundle
+from tests.recorder.op_training import train_and_fail
 
 if not (shutil.which("c++") or shutil.which("g++")):
     pytest.skip("no C++ compiler here: op events use the dispatch mode (test_fallback_* covers it)",
@@ -41,19 +42,6 @@ def start(tmp_path, monkeypatch, *, native: bool, name: str = "rdr") -> None:
     assert (native_ops._attached is not None) is native, native_ops.unavailable_reason()
 
 
-def train(fail: bool = True) -> None:
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for _ in range(2):
-        net(torch.randn(3, 4)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    if fail:
-        with pytest.raises(RuntimeError):
-            net[2](torch.ones(3, 5))
-
-
 def events(kinds: tuple[str, ...] = ("module_enter", "module_exit", "op", "step_begin", "step_end")) -> list[dict]:
     path = obs.rdr.dump("native")
     obs.reset_context()
@@ -62,10 +50,10 @@ def events(kinds: tuple[str, ...] = ("module_enter", "module_exit", "op", "step_
 
 def test_native_ops_record_what_the_dispatch_mode_records_in_order(tmp_path, monkeypatch):
     start(tmp_path, monkeypatch, native=False, name="dispatch")
-    train()
+    train_and_fail()
     dispatch = events()
     start(tmp_path, monkeypatch, native=True, name="native")
-    train()
+    train_and_fail()
     native = events()
     # Module and step events are the same.
     def plain(evs: list[dict]) -> list[dict]:
@@ -94,7 +82,7 @@ def test_native_ops_record_what_the_dispatch_mode_records_in_order(tmp_path, mon
 
 def test_a_failing_op_is_flagged_and_the_training_sees_its_error(tmp_path, monkeypatch):
     start(tmp_path, monkeypatch, native=True)
-    train(fail=True)
+    train_and_fail()
     failed = [e for e in events(("op",)) if e.get("error")]
     assert {e["name"] for e in failed} >= {"addmm", "linear"}
     assert all(e["scope"] == "Default/net-Sequential/2-Linear" for e in failed if e["name"] == "linear")
