@@ -7,7 +7,6 @@ import json
 import shutil
 
 import pytest
-import torch
 
 import obs
 from obs.runtime.steps import tracker
