@@ -123,6 +123,8 @@ class RdrFeature:
         run_id, self._run_id_known = _run_id()
         self.recorder = Recorder(config, rank=rank(), world_size=world_size(), run_id=run_id, settings=_settings,
                                  versions=_versions(), rank_known=_rank_known())
+        if config.granularity != "off":  # collectives are recorded: those PyTorch issued from C++ too
+            self.recorder.amend_files = _flight_recorder_collectives
         self.triggers = Triggers(self.recorder, mode=config.mode, op_timeout=config.op_timeout,
                                  hang_action=config.hang_action).install()
         if (not self.recorder.rank_known or not self._run_id_known) and self.check_rank not in tracker.at_boundary:
@@ -183,6 +185,14 @@ class RdrFeature:
         if not keep_signals and "recorder.signals" in sys.modules:
             # Only on the main thread; elsewhere the relay stays, with no recorder behind it.
             sys.modules["recorder.signals"].uninstall_relay()
+
+
+def _flight_recorder_collectives(files: dict[str, Any]) -> None:
+    """The collectives PyTorch's Flight Recorder holds that obs did not record (DDP's buckets) into a bundle."""
+    if "torch.distributed" in sys.modules:
+        from obs.runtime.torch._flight_recorder import add_to_bundle
+
+        add_to_bundle(files)
 
 
 def _distributed_ready() -> bool:

@@ -126,6 +126,8 @@ class Recorder:
         self._subs: list[Subscription] = []
         self._writers: list[Any] = []  # C SlotWriters (recorder/_hotpath.c), released before the ring closes
         self._module_writer: Any = None  # the C module writer, which keeps scopes for the native op observer
+        #: called with a bundle's files before they are written: adds what others recorded (PyTorch's Flight Recorder)
+        self.amend_files: Callable[[dict[str, Any]], Any] | None = None
         self._subscribe()
         self.mark("running")
 
@@ -310,6 +312,11 @@ class Recorder:
         manifest, files = bundle_parts(contents, reason, error=error, fault=fault, fatal_stacks=stacks,
                                        threads=all_stacks(), graphs=list(self.graphs),
                                        settings=self._safe_settings())
+        if self.amend_files is not None:
+            try:
+                self.amend_files(files)
+            except Exception as exc:  # the bundle goes out with what the ring holds
+                report_internal_error("RDR bundle: amend_files", exc)
         try:
             path = write_bundle(self.dir, bundle_name(reason, contents.header.pid), manifest, files)
         except BaseException as exc:

@@ -12,6 +12,7 @@ raises: rank 1 raises in its data loading at step 3.
 kill: rank 1 SIGKILLs itself at step 3.
 nan: rank 1's batch at step 3 is NaN (the NaN check finds it there; the all_reduce spreads it to rank 0).
 ddp: the net is a DistributedDataParallel (its bucket all_reduces), no explicit gradient reduction.
+ddp_stall: ddp, and rank 1 stalls 5 s in its data loading at step 3 (rank 0 waits in the bucket all_reduce).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def load_batch(rank, step):
         raise RuntimeError("rank 1 lost its data loader at step 3")
     if step == 3 and rank == 1 and scenario == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if step == 3 and rank == 1 and scenario == "ddp_stall":
+        import time
+
+        time.sleep(5)
     if step == 3 and rank == 1 and scenario == "nan":
         return torch.full((2, 4), float("nan"))
     return torch.randn(2, 4)
@@ -47,7 +52,7 @@ def train(rank, world, init_method="env://"):
                             timeout=datetime.timedelta(seconds=6))
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    ddp = scenario in ("ddp", "spawn")
+    ddp = scenario in ("ddp", "spawn", "ddp_stall")
     if ddp:
         net = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)

@@ -43,14 +43,14 @@ def _kill_leftovers(pids_dir):
             pass
 
 
-def torchrun(tmp_path, ranks, scenario, *, mode=1, **sections):
+def torchrun(tmp_path, ranks, scenario, *, mode=1, env=None, **sections):
     """Run the job under torchrun (``ranks=None``: the script spawns its own 2 ranks); returns (the exit code, the
     output); no worker outlives it."""
     config = tmp_path / "obs.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "mode": mode}, **sections}))
     pids = tmp_path / "pids"
     pids.mkdir()
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", **(env or {})}
     env.pop("TORCHELASTIC_RUN_ID", None)
     launcher = [] if ranks is None else ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                                          "--master-port", str(_free_port()), "--monitor-interval", "0.2"]
@@ -105,16 +105,53 @@ def test_a_clean_job_analyzes_consistent_with_subgroups_by_position_async_and_p2
     assert result["run_id"] in run_ids and result["verdict"].startswith("consistent")
 
 
-def test_ddp_bucket_all_reduces_are_on_record_and_consistent(tmp_path):
+def test_ddp_bucket_all_reduces_come_from_the_flight_recorder_once_each_and_analyze_consistent(tmp_path):
     code, out = torchrun(tmp_path, 2, "ddp", mode=2)
     assert code == 0, out
     for rank in range(2):
         _, records = collectives(tmp_path, rank)
         buckets = [r for r in records if r["desc"].startswith("all_reduce group=default dtype=float32 sizes=[[49]]")]
-        # 4 steps, one bucket each (the net's 49 parameters), scheduled then completed by the work's future
-        assert [r["state"] for r in buckets] == ["scheduled", "completed"] * 4, records
+        # 4 steps, one bucket each (the net's 49 parameters), from PyTorch's Flight Recorder: no comm hook ran
+        assert [(r["state"], r["step"], r.get("source")) for r in buckets] == \
+            [("completed", step, "flight_recorder") for step in range(1, 5)], records
+        # DDP's start-up collectives (parameter shapes, module states) and the bucket rebuild's broadcasts too
+        assert [r["desc"].split(" ")[0] for r in records if r["step"] == 0] == ["all_gather", "broadcast", "broadcast"]
+        # one numbering for both sources (the group's own), each collective once: 3 at start, then 4 a step
+        # (the bucket, the loss, the stop flag; the rebuild's 2 broadcasts at step 2)
+        done = [r["group_seq"] for r in records if r["state"] == "completed"]
+        assert done == list(range(1, 3 + 3 * 4 + 2 + 1)), records
+        python = [r for r in records if "source" not in r]
+        assert python and all(r["desc"].startswith(("all_reduce", "broadcast")) and "[[1]]" in r["desc"] for r in python)
     result = analyze(str(tmp_path / "rdr"))
     assert result.consistent and not result.mismatches, result.verdict
+
+
+def test_ddp_buckets_go_through_the_relay_where_the_flight_recorder_is_off(tmp_path):
+    code, out = torchrun(tmp_path, 2, "ddp", mode=2, env={"TORCH_FR_BUFFER_SIZE": "0"})
+    assert code == 0, out
+    assert "recorded through a Python communication hook" in out
+    for rank in range(2):
+        _, records = collectives(tmp_path, rank)
+        assert not [r for r in records if "source" in r]
+        buckets = [r for r in records if r["desc"].startswith("all_reduce group=default dtype=float32 sizes=[[49]]")]
+        # scheduled by the relay, completed by the work's future
+        assert [r["state"] for r in buckets] == ["scheduled", "completed"] * 4, records
+        # numbered by the group: DDP's start-up collectives (not on record here) took 1-3
+        assert buckets[0]["group_seq"] == 4
+    result = analyze(str(tmp_path / "rdr"))
+    assert result.consistent and not result.mismatches, result.verdict
+
+
+def test_a_rank_waiting_in_ddps_bucket_all_reduce_dumps_it_in_flight_from_the_watchdog(tmp_path):
+    code, out = torchrun(tmp_path, 2, "ddp_stall", mode=2)
+    assert code == 0, out  # the stall (5 s) is shorter than gloo's timeout (6 s): the job ends well
+    bundles = list_bundles(str(tmp_path / "rdr" / "rank_0")).bundles
+    (hang,) = [b for b in bundles if b.reason == "hang"]  # op_timeout (2 s), while blocked in the collective
+    with open(os.path.join(hang.path, "collectives.jsonl")) as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    last = records[-1]
+    assert last["desc"].startswith("all_reduce group=default dtype=float32 sizes=[[49]]"), records
+    assert (last["state"], last["step"], last["source"], last["group_seq"]) == ("scheduled", 3, "flight_recorder", 12)
 
 
 def test_ranks_spawned_by_torch_multiprocessing_record_in_their_rank_folders_under_one_run_id(tmp_path):
@@ -125,7 +162,8 @@ def test_ranks_spawned_by_torch_multiprocessing_record_in_their_rank_folders_und
     assert len(run_ids) == 1
     for rank in range(2):
         _, records = collectives(tmp_path, rank)
-        assert [r["state"] for r in records if "sizes=[[49]]" in r["desc"]] == ["scheduled", "completed"] * 4
+        assert [r["state"] for r in records if r["desc"].startswith("all_reduce") and "sizes=[[49]]" in r["desc"]] \
+            == ["completed"] * 4
     result = analyze(str(tmp_path / "rdr"))
     assert result.consistent and result.run_id in run_ids and result.world_size == 2
 

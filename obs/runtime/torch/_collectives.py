@@ -1,14 +1,16 @@
 """torch.distributed collectives → COLLECTIVE events: sequence number per group, op, sizes, dtype, state, timing.
 
 While COLLECTIVE has subscribers, the public collective functions of ``torch.distributed`` are
-wrapped (both names: ``torch.distributed.X`` and ``distributed_c10d.X``), and every
-``DistributedDataParallel`` built meanwhile sends its gradient buckets through a Python
+wrapped (both names: ``torch.distributed.X`` and ``distributed_c10d.X``).  The collectives PyTorch
+issues from C++ (DDP's gradient buckets) come from its Flight Recorder at dump time
+(:mod:`obs.runtime.torch._flight_recorder`), or where it does not record, through a Python
 communication hook (:mod:`obs.runtime.torch._ddp`) whose all_reduce these wrappers see.
 
 The arguments are read by the function's real signature (worked out once per function), so a
-group passed by position is recorded as that group.  Sequence numbers count per group, as the
-Flight Recorder's ``collective_seq_id`` does: the n-th collective of a group on every member rank
-has the same number, which is how ``obs rdr analyze`` lines ranks up.  Point-to-point ops count
+group passed by position is recorded as that group.  A collective's sequence number is its process
+group's own (the Flight Recorder's ``collective_seq_id``): the n-th collective of a group on every
+member rank has the same number, which is how ``obs rdr analyze`` lines ranks up, and the wrappers'
+records and the Flight Recorder's entries of one collective have the same one.  Point-to-point ops count
 on their own per pair of ranks (group ``{group}:p2p:{lo}-{hi}``), so they never shift the
 group's numbers.  A rank outside the group (the call is a no-op for it) records nothing.
 
@@ -139,6 +141,7 @@ class CollectiveHooks:
 
     def __init__(self) -> None:
         self._seq: defaultdict[str, itertools.count[int]] = defaultdict(lambda: itertools.count(1))
+        self._p2p: defaultdict[str, int] = defaultdict(int)  #: point-to-point ops issued, per group
         self._groups = _Groups()
         self._inside = _Inside()
         self._pending: list[tuple[Any, dict[str, Any], int]] = []  #: device work whose completion is polled
@@ -155,12 +158,14 @@ class CollectiveHooks:
             setattr(c10d, name, wrapped)
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapped)
+        from obs.runtime.torch import _flight_recorder
         from obs.runtime.torch._ddp import DdpHooks
 
+        _flight_recorder.arm()  # before init_process_group: DDP's C++ collectives go on record there
         self._ddp = DdpHooks(self.bucket_all_reduce)
 
     def _wrap(self, name: str, original: Any, spec: _Args) -> Any:
-        groups, seqs = self._groups, self._seq
+        groups, seqs, p2p_issued = self._groups, self._seq, self._p2p
         always_async = name in _ASYNC_ALWAYS
 
         inside, pending = self._inside, self._pending
@@ -175,7 +180,7 @@ class CollectiveHooks:
                     return original(*args, **kwargs)  # a no-op on this rank: nothing to line up
                 if pending:
                     self.poll()
-                record, tensors = _record(name, group, spec, args, kwargs, groups, seqs)
+                record, tensors = _record(name, group, spec, args, kwargs, groups, seqs, p2p_issued)
                 is_async = always_async or bool(spec.get(spec.async_op, args, kwargs))
                 record["state"] = "scheduled" if is_async else "started"
                 # A device backend (NCCL) returns, and completes the work's future, before the device ran
@@ -224,7 +229,7 @@ class CollectiveHooks:
         tensor.div_(use.size())
         try:
             record, _ = _record("all_reduce", group, self._specs["all_reduce"], (tensor,), {}, self._groups,
-                                self._seq)
+                                self._seq, self._p2p)
             record["state"] = "scheduled"
             bus.emit(Event.COLLECTIVE, dict(record))
         except Exception as exc:
@@ -294,22 +299,40 @@ def _device_work(tensors: list[torch.Tensor]) -> bool:
 
 
 def _record(name: str, group: Any, spec: _Args, args: tuple[Any, ...], kwargs: dict[str, Any], groups: _Groups,
-            seqs: defaultdict[str, itertools.count[int]]) -> tuple[dict[str, Any], list[torch.Tensor]]:
+            seqs: defaultdict[str, itertools.count[int]], p2p_issued: defaultdict[str, int]) \
+        -> tuple[dict[str, Any], list[torch.Tensor]]:
     tensors = _tensors(args, kwargs)
     key = groups.name(group)
     record: dict[str, Any] = {"op": name, "group": key}
     members = groups.members(key, group)
     if members is not None:
         record["ranks"] = members
+    p2p = p2p_issued[key]
     if spec.peer is not None:
+        p2p_issued[key] = p2p + 1  # the group's own number counts point-to-point ops, its collectives' does not
         peer = spec.get(spec.peer, args, kwargs)
         me = dist.get_rank()
         pair = "any" if peer is None else "-".join(str(r) for r in sorted((me, int(peer))))
         key = f"{key}:p2p:{pair}"
         record.update(group=key, peer="any" if peer is None else int(peer))
-    record.update(seq=next(seqs[key]), sizes=[list(t.shape) for t in tensors[:4]],
+    seq = next(seqs[key]) if spec.peer is not None else _group_seq(group, seqs[key], p2p)
+    record.update(seq=seq, sizes=[list(t.shape) for t in tensors[:4]],
                   dtype=str(tensors[0].dtype).removeprefix("torch.") if tensors else None, duration_ns=0)
     return record, tensors
+
+
+def _group_seq(group: Any, own: itertools.count[int], p2p: int) -> int:
+    """The number the process group gives the collective about to be issued (the Flight Recorder's
+    ``collective_seq_id``: its entries and obs's records line up); obs's own count where the group has none.
+
+    The group's sequence number counts every op it issued, the ``collective_seq_id`` only collectives: less the
+    ``p2p`` point-to-point ops issued through the wrappers (one issued from C++ shifts it: gloo's
+    ``monitored_barrier``)."""
+    try:
+        pg = group if group is not None else c10d._get_default_group()
+        return int(pg._get_sequence_number_for_group()) + 1 - p2p
+    except Exception:  # a backend without sequence numbers
+        return next(own)
 
 
 def _first(future: Any) -> Any:

@@ -1,7 +1,10 @@
 """DDP's gradient-bucket all_reduces, which its C++ reducer issues behind the Python collectives, on record.
 
-While installed, each ``DistributedDataParallel`` built gets one Python communication hook, a
-relay: by default it does what PyTorch's own ``allreduce_hook`` does (divide by the group size,
+Where PyTorch's Flight Recorder records the model's process group (torch 2.13 does for gloo and NCCL unless
+``TORCH_FR_BUFFER_SIZE=0``; obs sets the size before the first group is made), the buckets are taken from it at
+dump time (:mod:`obs.runtime.torch._flight_recorder`): DDP reduces in C++ as without obs, and nothing runs per
+bucket.  Otherwise (an older torch, the recorder turned off) the model gets one Python communication hook, a
+relay, and the log says so once: by default it does what PyTorch's own ``allreduce_hook`` does (divide by the group size,
 all_reduce: what the reducer does with no hook, the same numbers) and records the all_reduce
 (:meth:`CollectiveHooks.bucket_all_reduce`).
 
@@ -15,10 +18,12 @@ which then only calls PyTorch's ``allreduce_hook``.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any
 
 from obs._core.internal import report_internal_error
+from obs.runtime.torch import _flight_recorder
 
 __all__ = ["DdpHooks"]
 
@@ -51,6 +56,9 @@ class _Relay:
 class DdpHooks:
     """Patches ``DistributedDataParallel`` (construction and hook registration) until ``remove()``."""
 
+    #: take the buckets from the Flight Recorder where it records the model's group (False: always the relay)
+    use_flight_recorder = True
+
     def __init__(self, record: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -64,9 +72,17 @@ class DdpHooks:
         def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:
             init(ddp, *args, **kwargs)
             try:
+                if self.use_flight_recorder and _flight_recorder.records(ddp.process_group):
+                    _flight_recorder.say_once("fr", logging.INFO, "obs: DDP's gradient buckets are taken from "
+                                              "PyTorch's Flight Recorder at dump time (no communication hook)")
+                    return
                 relay = _install_relay(ddp, record)
                 if relay is not None:
                     self._relays.add(relay)
+                    _flight_recorder.say_once("relay", logging.WARNING, "obs: PyTorch's Flight Recorder does not "
+                                              "record this DDP model's process group (TORCH_FR_BUFFER_SIZE=0, or "
+                                              "an older torch): its gradient buckets are recorded through a "
+                                              "Python communication hook (about 0.1-0.2 ms per bucket)")
             except Exception as exc:  # our bug: the model trains without its buckets on record
                 report_internal_error("DDP communication hook", exc)
 

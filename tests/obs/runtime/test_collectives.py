@@ -89,9 +89,14 @@ def test_a_collective_that_raises_is_recorded_failed(tmp_path):
     assert type(raised[0]).__name__ in records[1]["error"]
 
 
-def test_ddp_gradient_buckets_are_all_reduced_on_record_and_a_user_hook_takes_over(tmp_path):
+def test_ddp_gradient_buckets_are_all_reduced_on_record_and_a_user_hook_takes_over(tmp_path, monkeypatch):
+    """The relay: the fallback where PyTorch's Flight Recorder does not record the model's group."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from obs.runtime.torch._ddp import DdpHooks
+
+    monkeypatch.setattr(DdpHooks, "use_flight_recorder", False)
 
     calls = []
 
@@ -154,3 +159,23 @@ def test_device_work_is_completed_by_polling_not_by_its_future(tmp_path, monkeyp
                     ["started", "completed", "scheduled", "completed"]]
     assert [r["seq"] for r in records] == [1, 1, 2, 2]
     assert not any(getattr(h, "__self__", None).__class__.__name__ == "CollectiveHooks" for h in tracker.at_boundary)
+
+
+def test_where_the_flight_recorder_records_the_group_ddp_keeps_its_cpp_reduction(tmp_path):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def run():
+        ddp = DDP(torch.nn.Linear(4, 2))
+        models.append(ddp)
+        ddp(torch.randn(3, 4)).sum().backward()
+        ddp.register_comm_hook(None, allreduce_hook)  # the user's hook goes to DDP itself
+        ddp(torch.randn(3, 4)).sum().backward()
+
+    records, models = [], []
+    _records_of(run, tmp_path, records)
+    assert "_obs_relay" not in models[0].__dict__ and models[0]._comm_hooks == [(allreduce_hook, None)]
+    # the bucket DDP reduced in C++ is not published (the Flight Recorder has it); the user's hook's all_reduce is,
+    # numbered by the group: after DDP's 3 start-up collectives, the first bucket, the rebuild's 2 broadcasts
+    assert [(r["op"], r["seq"], r["state"]) for r in records] == [("all_reduce", 7, "scheduled"),
+                                                                  ("all_reduce", 7, "completed")]
