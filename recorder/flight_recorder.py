@@ -19,7 +19,7 @@ from typing import Any
 
 from recorder.collective_desc import collective_desc, parse_collective_desc
 
-__all__ = ["entry_record", "merge_entries"]
+__all__ = ["collective_error", "entry_record", "merge_entries"]
 
 #: c10's scalar type names (the entries' ``input_dtypes``) → torch's dtype names (obs's records)
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
@@ -67,7 +67,11 @@ def merge_entries(files: dict[str, Any], records: list[dict[str, Any]]) -> int:
     """Add ``records`` (from :func:`entry_record`) that the bundle does not hold yet (by group and sequence number)
     to ``files["events.jsonl"]`` and ``files["collectives.jsonl"]`` (lists of JSON lines ordered by time); returns
     how many were added.  Entries older than the bundle's first event are left out (the ring had already let go
-    of that time)."""
+    of that time).
+
+    gloo retires a failed collective as it retires a completed one: where the bundle's exception is a
+    communication error (:func:`collective_error`) and the newest collective of the bundle is an entry, that one
+    is ``failed`` (a bucket all_reduce that timed out in DDP's backward)."""
     events: list[str] = files.get("events.jsonl") or []
     collectives: list[str] = files.get("collectives.jsonl") or []
     if not events or not records:
@@ -81,10 +85,31 @@ def merge_entries(files: dict[str, Any], records: list[dict[str, Any]]) -> int:
                    key=lambda r: r["t"])
     if not fresh:
         return 0
+    if collective_error(files.get("exception.json")) and (not collectives or fresh[-1]["t"] > _time(collectives[-1])):
+        fresh[-1] = {**fresh[-1], "state": "failed", "error": True}
     files["events.jsonl"], where = _insert(events, fresh)
     files["collectives.jsonl"] = _insert(collectives, fresh, where)[0] if collectives else \
         [_line(r, w) for r, w in zip(fresh, where)]
     return len(fresh)
+
+
+#: what a failed collective raises (c10d's error types, gloo's and NCCL's messages)
+_COMM_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
+_COMM_TEXT = ("gloo", "NCCL", "Timed out waiting", "Connection closed by peer", "Connection reset by peer")
+
+
+def collective_error(exception_json: Any) -> bool:
+    """Whether a bundle's ``exception.json`` (text) is an error a collective raised."""
+    if not isinstance(exception_json, str):
+        return False
+    try:
+        exc = json.loads(exception_json)
+    except ValueError:
+        return False
+    if not isinstance(exc, dict):
+        return False
+    kind, message = str(exc.get("type", "")), str(exc.get("message", ""))
+    return kind.endswith(_COMM_TYPES) or any(text in message for text in _COMM_TEXT)
 
 
 def _insert(lines: list[str], records: list[dict[str, Any]], where: list[tuple[int, int]] | None = None) \
@@ -120,7 +145,9 @@ def _line(record: dict[str, Any], where: tuple[int, int]) -> str:
     seq, step = where
     return json.dumps({"seq": seq, "t": record["t"], "kind": "collective", "desc": collective_desc(record),
                        "group_seq": record["seq"], "step": step, "duration_ns": record["duration_ns"],
-                       "state": record["state"], "source": "flight_recorder"}, separators=(",", ":"))
+                       "state": record["state"], "source": "flight_recorder", **({"error": True} if
+                                                                               record.get("error") else {})},
+                      separators=(",", ":"))
 
 
 def _time(line: str) -> int:

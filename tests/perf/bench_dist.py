@@ -6,26 +6,33 @@ Target (issue "Multi-rank"): recording collectives adds <= 2% per step over the 
 Two ranks (torch.multiprocessing, one core each where the machine has two) train the same
 DistributedDataParallel model; in each round both switch between variants in the same order:
 
-- ``plain``: obs off; DDP reduces its buckets in C++ (no hook).
-- ``DDP relay, obs off``: a model built while obs recorded collectives keeps obs's comm-hook relay
-  (PyTorch's allreduce_hook in Python): the relay's own cost.
-- ``rdr step``: the RDR records steps and collectives (every bucket all_reduce, scheduled and completed).
+- ``plain``: obs off; DDP reduces its buckets in C++ (no hook).  PyTorch's Flight Recorder is on, as
+  torch 2.13 has it by default (2,000 entries) and as obs sets it.
+- ``rdr step``: the RDR records steps and collectives; DDP's buckets are on record through the
+  Flight Recorder (read at dump time): nothing of obs runs per bucket.
 - ``rdr module``: the RDR's default granularity (modules too).
+- ``DDP relay, obs off``: a model with obs's comm-hook relay (the fallback where the Flight Recorder
+  does not record the group), obs off: PyTorch's allreduce_hook in Python, the relay's own cost.
+- ``rdr step, relay (fallback)``: the relay recording each bucket (scheduled and completed).
 
 Each job reports rank 0's median step time per variant; the table is the median over ``--jobs`` jobs.
 The same loop on one rank (a world of 1: DDP still reduces through gloo) shows the per-step cost
 without the other rank's noise: on a shared 2-core machine two ranks wait on each other's
-scheduling, and their ratios move by several percent from job to job.
+scheduling, and their ratios move by several percent from job to job.  Rank 0 also times obs's own
+work per step directly (a step boundary's two events into the ring), and counts the bucket records
+a dump holds for one step (the Flight Recorder route at work).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -36,6 +43,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import obs  # noqa: E402
 from _harness import Workload, measure, report  # noqa: E402
+from obs.runtime.torch._ddp import DdpHooks  # noqa: E402
 
 WORLD = 2  #: ranks of the multi-rank job (a one-rank job runs first)
 WARMUP = 5  #: untimed steps after a variant is switched on
@@ -68,27 +76,40 @@ def _rdr(tmp: str, granularity: str):
     return setup
 
 
-def _noop():
-    """Collectives wrapped and published to a subscriber that does nothing (no recorder)."""
-    return obs.subscribe(obs.Event.COLLECTIVE, lambda record: None).remove
+def _boundary_us(n: int = 20000) -> float:
+    """obs's own work at a step boundary with the RDR on (the optimizer hooks' begin and end: two ring events)."""
+    from obs.runtime.steps import tracker
+
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            tracker.auto_begin()
+            tracker.auto_end()
+        times.append((time.perf_counter_ns() - t0) / n / 1e3)
+    tracker.reset()
+    return statistics.median(times)
 
 
 def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) -> None:
     if len(os.sched_getaffinity(0)) >= world:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
     torch.set_num_threads(1)
+    logging.getLogger("obs").setLevel(logging.ERROR)  # the forced relay's log line, once per rank
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     tmp = tempfile.mkdtemp(prefix=f"obs-bench-dist-{rank}-")
     plain = _workload(torch.nn.parallel.DistributedDataParallel(_model(0)), "plain")
     stop = _rdr(tmp, "step")()
-    model = torch.nn.parallel.DistributedDataParallel(_model(0))  # built while recording: it has the relay
+    built = torch.nn.parallel.DistributedDataParallel(_model(0))  # built while recording: no relay (Flight Recorder)
+    DdpHooks.use_flight_recorder = False
+    model = torch.nn.parallel.DistributedDataParallel(_model(0))  # the fallback's relay, forced
+    DdpHooks.use_flight_recorder = True
     stop()
-    assert hasattr(model, "_obs_relay") and not hasattr(plain, "_obs_relay")
+    assert hasattr(model, "_obs_relay") and "_obs_relay" not in built.__dict__ and "_obs_relay" not in plain.__dict__
     relayed = _workload(model, "relayed")
-    variants = {"plain": (plain, None), "DDP relay, obs off": (relayed, None),
-                "relay + no-op subscriber": (relayed, _noop),
-                "rdr step, no relay": (plain, _rdr(tmp, "step")),
-                "rdr step": (relayed, _rdr(tmp, "step")), "rdr module": (relayed, _rdr(tmp, "module"))}
+    variants = {"plain": (plain, None), "rdr step": (plain, _rdr(tmp, "step")),
+                "rdr module": (plain, _rdr(tmp, "module")), "DDP relay, obs off": (relayed, None),
+                "rdr step, relay (fallback)": (relayed, _rdr(tmp, "step"))}
     current = {"workload": plain}
 
     def switch(name):
@@ -104,13 +125,23 @@ def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) 
 
     mixed = Workload("ddp mlp", lambda: current["workload"].step(), steps)
     medians = measure(mixed, {name: switch(name) for name in variants}, rounds)
-    collectives = []
-    with obs.subscribe(obs.Event.COLLECTIVE, collectives.append):
-        relayed.step()
+    stop = _rdr(tmp, "step")()
+    boundary = _boundary_us()
+    for _ in range(2):
+        with obs.step():
+            plain.step()
+    from obs import rdr
+
+    bundle = rdr.dump("manual")
+    stop()
+    with open(os.path.join(bundle, "collectives.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    last = max(r["step"] for r in records)
+    from_fr = [r["desc"] for r in records if r["step"] == last and r.get("source") == "flight_recorder"]
     dist.barrier()
     if rank == 0:
         with open(out, "w") as fh:
-            json.dump({"medians": medians, "collectives_per_step": len(collectives)}, fh)
+            json.dump({"medians": medians, "step_boundary_us": boundary, "bucket_records_per_step": from_fr}, fh)
     dist.destroy_process_group()
 
 
@@ -121,7 +152,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per variant per round")
     parser.add_argument("--out", default="bench-dist.json")
     args = parser.parse_args()
-    results, per_job, events = {}, {}, 0
+    results, per_job, events, boundary = {}, {}, [], {}
     for world in (1, WORLD):
         jobs = []
         for job in range(args.jobs):
@@ -136,10 +167,12 @@ def main() -> None:
         name = f"ddp mlp, {world} rank{'s' if world > 1 else ''}"
         results[name] = {v: statistics.median(j["medians"][v] for j in jobs) for v in jobs[0]["medians"]}
         per_job[name] = [j["medians"] for j in jobs]
-        events = jobs[0]["collectives_per_step"]
+        events = jobs[0]["bucket_records_per_step"]
+        boundary[name] = statistics.median(j["step_boundary_us"] for j in jobs)
     report("bench_dist (gloo, DDP MLP)", results, "plain", args.out, {
         "jobs": args.jobs, "rounds": args.rounds, "steps_per_round": args.steps,
-        "collective_events_per_step": events, "per_job": per_job, "targets": {"rdr step": "<= 1.02"}})
+        "flight_recorder_records_per_step": events, "step_boundary_us": boundary, "per_job": per_job,
+        "targets": {"rdr step": "<= 1.02"}})
 
 if __name__ == "__main__":
     main()

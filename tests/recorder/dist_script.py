@@ -13,6 +13,7 @@ kill: rank 1 SIGKILLs itself at step 3.
 nan: rank 1's batch at step 3 is NaN (the NaN check finds it there; the all_reduce spreads it to rank 0).
 ddp: the net is a DistributedDataParallel (its bucket all_reduces), no explicit gradient reduction.
 ddp_stall: ddp, and rank 1 stalls 5 s in its data loading at step 3 (rank 0 waits in the bucket all_reduce).
+ddp_hang: ddp, and rank 1 stalls 12 s there: rank 0's bucket all_reduce times out (gloo, 6 s) in its backward.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ def load_batch(rank, step):
         raise RuntimeError("rank 1 lost its data loader at step 3")
     if step == 3 and rank == 1 and scenario == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    if step == 3 and rank == 1 and scenario == "ddp_stall":
+    if step == 3 and rank == 1 and scenario in ("ddp_stall", "ddp_hang"):
         import time
 
-        time.sleep(5)
+        time.sleep(5 if scenario == "ddp_stall" else 12)
     if step == 3 and rank == 1 and scenario == "nan":
         return torch.full((2, 4), float("nan"))
     return torch.randn(2, 4)
@@ -52,7 +53,7 @@ def train(rank, world, init_method="env://"):
                             timeout=datetime.timedelta(seconds=6))
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    ddp = scenario in ("ddp", "spawn", "ddp_stall")
+    ddp = scenario.startswith("ddp") or scenario == "spawn"
     if ddp:
         net = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)

@@ -121,7 +121,8 @@ def test_ddp_bucket_all_reduces_come_from_the_flight_recorder_once_each_and_anal
         done = [r["group_seq"] for r in records if r["state"] == "completed"]
         assert done == list(range(1, 3 + 3 * 4 + 2 + 1)), records
         python = [r for r in records if "source" not in r]
-        assert python and all(r["desc"].startswith(("all_reduce", "broadcast")) and "[[1]]" in r["desc"] for r in python)
+        assert python and all(r["desc"].startswith(("all_reduce", "broadcast")) and "[[1]]" in r["desc"]
+                              for r in python)
     result = analyze(str(tmp_path / "rdr"))
     assert result.consistent and not result.mismatches, result.verdict
 
@@ -152,6 +153,17 @@ def test_a_rank_waiting_in_ddps_bucket_all_reduce_dumps_it_in_flight_from_the_wa
     last = records[-1]
     assert last["desc"].startswith("all_reduce group=default dtype=float32 sizes=[[49]]"), records
     assert (last["state"], last["step"], last["source"], last["group_seq"]) == ("scheduled", 3, "flight_recorder", 12)
+
+
+def test_a_ddp_rank_that_stalls_past_gloos_timeout_is_named_and_the_waiting_rank_failed_in_the_bucket(tmp_path):
+    code, out = torchrun(tmp_path, 2, "ddp_hang")
+    assert code != 0
+    result = analyze(str(tmp_path / "rdr"))
+    assert result.culprits == [1], result.verdict
+    (first,) = result.mismatches
+    assert (first.seq, first.kind, first.step, first.sides["never reached it"]) == (12, "missing", 3, [1])
+    rank0 = result.ranks[0]  # gloo retires a failed entry as a completed one: the bundle's exception says which
+    assert rank0.raised_in_collective and (rank0.last_collective.seq, rank0.last_collective.state) == (12, "failed")
 
 
 def test_ranks_spawned_by_torch_multiprocessing_record_in_their_rank_folders_under_one_run_id(tmp_path):

@@ -9,11 +9,12 @@ import torch
 import torch.distributed as dist
 
 import obs
-from recorder.flight_recorder import entry_record, merge_entries
+from recorder.flight_recorder import collective_error, entry_record, merge_entries
 
 
-def _entry(seq, *, t, op="gloo:all_reduce", pg=("0", "default_pg"), retired=True, p2p=False, sizes=((49,),)):
-    return {"collective_seq_id": seq, "process_group": pg, "profiling_name": op, "input_sizes": [list(s) for s in sizes],
+def _entry(seq, *, t, op="gloo:all_reduce", pg=("0", "default_pg"), retired=True, p2p=False):
+    """A Flight Recorder entry as ``_dump_fr_trace`` gives it for gloo (no timings, retired once the work ended)."""
+    return {"collective_seq_id": seq, "process_group": pg, "profiling_name": op, "input_sizes": [[49]],
             "input_dtypes": ["Float"], "time_created_ns": t, "retired": retired, "state": "scheduled",
             "time_discovered_completed_ns": None, "is_p2p": p2p}
 
@@ -51,6 +52,25 @@ def test_merge_adds_what_obs_did_not_record_in_time_order_once():
     assert (added["seq"], added["step"], added["source"], added["state"]) == (2, 1, "flight_recorder", "completed")
     assert [json.loads(x)["group_seq"] for x in files["collectives.jsonl"]] == [4, 5, 6]
     assert merge_entries(files, records) == 0  # already there
+
+
+def test_the_newest_entry_is_failed_where_the_bundle_holds_a_communication_error():
+    timeout = json.dumps({"type": "RuntimeError", "message": "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                                                             "waiting 6000ms for recv operation to complete"})
+    assert collective_error(timeout) and collective_error(json.dumps({"type": "torch.distributed.DistBackendError"}))
+    assert not collective_error(json.dumps({"type": "ValueError", "message": "bad batch"}))
+    assert not collective_error("{damaged") and not collective_error(None)
+
+    def files(exception):
+        return {"events.jsonl": [_line(1, 10)], "collectives.jsonl": [], "exception.json": exception}
+
+    failed = files(timeout)
+    assert merge_entries(failed, [_record(_entry(4, t=20)), _record(_entry(5, t=30))]) == 2
+    states = [(json.loads(x)["state"], json.loads(x).get("error")) for x in failed["collectives.jsonl"]]
+    assert states == [("completed", None), ("failed", True)]
+    other = files(json.dumps({"type": "ValueError", "message": "bad batch"}))
+    merge_entries(other, [_record(_entry(4, t=20))])
+    assert json.loads(other["collectives.jsonl"][0])["state"] == "completed"
 
 
 def test_a_one_rank_ddp_bundle_holds_its_buckets_from_the_flight_recorder(tmp_path):

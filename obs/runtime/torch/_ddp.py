@@ -1,11 +1,11 @@
 """DDP's gradient-bucket all_reduces, which its C++ reducer issues behind the Python collectives, on record.
 
-Where PyTorch's Flight Recorder records the model's process group (torch 2.13 does for gloo and NCCL unless
+Where PyTorch's Flight Recorder records the model's process group (torch 2.13 does for gloo unless
 ``TORCH_FR_BUFFER_SIZE=0``; obs sets the size before the first group is made), the buckets are taken from it at
 dump time (:mod:`obs.runtime.torch._flight_recorder`): DDP reduces in C++ as without obs, and nothing runs per
-bucket.  Otherwise (an older torch, the recorder turned off) the model gets one Python communication hook, a
-relay, and the log says so once: by default it does what PyTorch's own ``allreduce_hook`` does (divide by the group size,
-all_reduce: what the reducer does with no hook, the same numbers) and records the all_reduce
+bucket.  Otherwise (an older torch, the Flight Recorder turned off) the model gets one Python communication
+hook, a relay, and the log says so once: by default it does what PyTorch's own ``allreduce_hook`` does (divide
+by the group size, all_reduce: what the reducer does with no hook, the same numbers) and records the all_reduce
 (:meth:`CollectiveHooks.bucket_all_reduce`).
 
 The reducer takes one hook per model, once.  So a hook the user registers later

@@ -7,6 +7,9 @@ when neither is set, 0 turns it off.  :func:`arm` sets the size where the user d
 exists; :func:`records` says whether a group's collectives are in the buffer (DDP's relay is the fallback where
 not); :func:`add_to_bundle` reads the buffer at dump time (no stacks: a copy under the recorder's own mutex,
 which a collective blocked in gloo does not hold) and merges what obs did not record itself.
+
+``_dump_fr_trace`` reads the CPU-event recorder that gloo writes to; NCCL's groups record into a CUDA-event
+one (``_dump_nccl_trace`` in CUDA builds), not read here, so a DDP model on NCCL keeps the relay (untested).
 """
 
 from __future__ import annotations
