@@ -170,7 +170,7 @@ def analyze(root: str) -> Analysis:
     out = Analysis(os.path.abspath(root), run_id, world, ranks, no_bundle, other_runs=other_runs, problems=problems)
     # a snapshot (a rank that went on after dumping) cannot tell about collectives begun after it was taken
     taken = {r: newest[r].created_ns if newest[r].reason in _SNAPSHOTS else _FOREVER for r in timelines}
-    out.mismatches = _mismatches(timelines, world, taken)
+    out.mismatches = _mismatches(timelines, world, taken, {s.rank: s.step for s in ranks if s.bundle})
     out.stragglers = _stragglers(ranks, timelines)
     out.raised = [s.rank for s in ranks if s.exception]
     out.nan = min(faults, key=lambda f: (f["step"], f["t"])) if faults else None
@@ -268,7 +268,7 @@ def _members(group: str, records: dict[int, CollectiveRecord], world: int) -> li
 
 
 def _mismatches(timelines: dict[int, dict[str, dict[int, CollectiveRecord]]], world: int,
-                made: dict[int, int]) -> list[Mismatch]:
+                made: dict[int, int], steps: dict[int, int | None]) -> list[Mismatch]:
     groups = sorted({g for t in timelines.values() for g in t})
     found = []
     for group in groups:
@@ -281,7 +281,7 @@ def _mismatches(timelines: dict[int, dict[str, dict[int, CollectiveRecord]]], wo
         lo = max((min(per_rank[r]) if per_rank[r] else 1) for r in members)
         hi = max((max(per_rank[r]) if per_rank[r] else 0) for r in members)
         for seq in sorted({q for r in members for q in per_rank[r] if lo <= q <= hi}):
-            mismatch = _compare(group, seq, {r: per_rank[r] for r in members}, made)
+            mismatch = _compare(group, seq, {r: per_rank[r] for r in members}, made, steps)
             if mismatch is not None:
                 found.append(mismatch)
                 break
@@ -290,11 +290,12 @@ def _mismatches(timelines: dict[int, dict[str, dict[int, CollectiveRecord]]], wo
 
 
 def _compare(group: str, seq: int, per_rank: dict[int, dict[int, CollectiveRecord]],
-             made: dict[int, int]) -> Mismatch | None:
+             made: dict[int, int], steps: dict[int, int | None]) -> Mismatch | None:
     here = {r: recs.get(seq) for r, recs in per_rank.items()}
     present = {r: rec for r, rec in here.items() if rec is not None}
     first = min(present.values(), key=lambda rec: rec.t)
-    missing = sorted(r for r, rec in here.items() if rec is None and made.get(r, 0) > first.t)
+    missing = sorted(r for r, rec in here.items() if rec is None and made.get(r, 0) > first.t
+                     and not _passed(seq, first.step, per_rank[r], steps.get(r)))
     if missing:
         sides = {first.describe(): sorted(present), "never reached it": missing}
         return Mismatch(group, seq, "missing", first.describe(), sides, missing, first.step, first.t,
@@ -319,6 +320,13 @@ def _compare(group: str, seq: int, per_rank: dict[int, dict[int, CollectiveRecor
     detail = "; ".join(f"rank(s) {_ranks(rs)} ran {present[rs[0]].describe()}" for rs in ordered)
     return Mismatch(group, seq, kind, expected.describe(), sides, culprits, expected.step, first.t,
                     f"{group} collective #{seq}: {kind} differs: {detail}")
+
+
+def _passed(seq: int, step: int | None, records: dict[int, CollectiveRecord], rank_step: int | None) -> bool:
+    """Whether a rank without a record of collective ``seq`` (of ``step``) went past it all the same: it recorded a
+    later one of the group, or reached a later step.  A ring recovered after a kill holds no collective that
+    PyTorch issued from C++ (DDP's buckets: they come from the Flight Recorder when a live process dumps)."""
+    return any(q > seq for q in records) or (step is not None and rank_step is not None and rank_step > step)
 
 
 def _stragglers(ranks: list[RankState], timelines: dict[int, dict[str, dict[int, CollectiveRecord]]]) \

@@ -13,6 +13,8 @@ kill: rank 1 SIGKILLs itself at step 3.
 nan: rank 1's batch at step 3 is NaN (the NaN check finds it there; the all_reduce spreads it to rank 0).
 ddp: the net is a DistributedDataParallel (its bucket all_reduces), no explicit gradient reduction.
 ddp_stall: ddp, and rank 1 stalls 5 s in its data loading at step 3 (rank 0 waits in the bucket all_reduce).
+ddp_kill: ddp, and rank 1 SIGKILLs itself at step 3 (its ring holds no bucket all_reduce: they are read from the
+    Flight Recorder when a live process dumps).
 ddp_hang: ddp, and rank 1 stalls 12 s there: rank 0's bucket all_reduce times out (gloo, 6 s) in its backward.
 """
 
@@ -34,7 +36,7 @@ config, pids, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
 def load_batch(rank, step):
     if step == 3 and rank == 1 and scenario == "raises":
         raise RuntimeError("rank 1 lost its data loader at step 3")
-    if step == 3 and rank == 1 and scenario == "kill":
+    if step == 3 and rank == 1 and scenario in ("kill", "ddp_kill"):
         os.kill(os.getpid(), signal.SIGKILL)
     if step == 3 and rank == 1 and scenario in ("ddp_stall", "ddp_hang"):
         import time

@@ -166,6 +166,21 @@ def test_a_ddp_rank_that_stalls_past_gloos_timeout_is_named_and_the_waiting_rank
     assert rank0.raised_in_collective and (rank0.last_collective.seq, rank0.last_collective.state) == (12, "failed")
 
 
+def test_a_killed_ddp_rank_is_named_at_the_bucket_it_never_reached_after_recover(tmp_path, capsys):
+    code, out = torchrun(tmp_path, 2, "ddp_kill")
+    assert code != 0
+    root = str(tmp_path / "rdr")
+    assert main(["rdr", "recover", root]) == 0
+    capsys.readouterr()
+    result = analyze(root)
+    assert result.ranks[1].recovered and result.culprits == [1], result.verdict
+    # the recovered ring has no bucket all_reduce of steps 1-2 (C++-issued), yet rank 1 went past them (it began
+    # step 3): the first collective it never reached is step 3's bucket (rank 0's Flight Recorder entry, failed)
+    (first,) = result.mismatches
+    assert (first.seq, first.kind, first.step, first.sides["never reached it"]) == (12, "missing", 3, [1])
+    assert first.sides == {"all_reduce float32 [[49]]": [0], "never reached it": [1]}
+
+
 def test_ranks_spawned_by_torch_multiprocessing_record_in_their_rank_folders_under_one_run_id(tmp_path):
     code, out = torchrun(tmp_path, None, "spawn", mode=2)
     assert code == 0, out
