@@ -8,8 +8,8 @@ exists; :func:`records` says whether a group's collectives are in the buffer (DD
 not); :func:`add_to_bundle` reads the buffer at dump time (no stacks: a copy under the recorder's own mutex,
 which a collective blocked in gloo does not hold) and merges what obs did not record itself.
 
-``_dump_fr_trace`` reads the CPU-event recorder that gloo writes to; NCCL's groups record into a CUDA-event
-one (``_dump_nccl_trace`` in CUDA builds), not read here, so a DDP model on NCCL keeps the relay (untested).
+NCCL is untested (no GPU here): in CUDA builds its groups may record into a CUDA-event recorder that
+``_dump_fr_trace`` does not return (``_dump_nccl_trace``); :func:`records` then says no and DDP keeps the relay.
 """
 
 from __future__ import annotations
