@@ -2,13 +2,16 @@
 
 Autograd numbers the nodes it creates on a thread in order (``_sequence_nr``).  At a module's
 enter and exit the next number is read (one C call each), so a module's nodes are the interval
-``[enter, exit)``; the innermost interval holding a node's number is its forward module.  A bounded
-window of intervals is kept (older steps' nodes are gone by then anyway).
+``[enter, exit)``; the innermost interval holding a node's number is its forward module.  Intervals
+are kept in exit order, so their ends never decrease and the first one ending after a node's number
+that also starts at or before it is the innermost (a module that exits first is nested in those
+exiting later, or started after the node): a bisection, then a short scan.  A bounded window of
+intervals is kept (older steps' nodes are gone by then anyway).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from bisect import bisect_right
 from typing import Any
 
 import torch
@@ -24,21 +27,28 @@ class ModuleSpans:
     """Subscribes to MODULE_ENTER/EXIT while installed; ``module_of(node)`` answers."""
 
     def __init__(self) -> None:
-        self._spans: deque[tuple[int, int, str]] = deque(maxlen=_KEPT)
+        self._ends: list[int] = []
+        self._spans: list[tuple[int, str]] = []  # (start, scope), beside their ends
         self._starts: list[int] = []
         self._subs: list[Subscription] = []
         self._cache: dict[int, str] = {}
 
     def install(self) -> ModuleSpans:
         seq = torch._C._autograd._get_sequence_nr
-        starts, spans, cache = self._starts, self._spans, self._cache
+        starts, ends, spans, cache = self._starts, self._ends, self._spans, self._cache
 
         def enter(scope: str, module: Any) -> None:
             starts.append(seq())
 
         def leave(scope: str, module: Any, error: Any) -> None:
             if starts:
-                spans.append((starts.pop(), seq(), scope))
+                end = seq()
+                if ends and end < ends[-1]:  # another thread's numbers: keep the order bisection needs
+                    end = ends[-1]
+                ends.append(end)
+                spans.append((starts.pop(), scope))
+                if len(ends) > 2 * _KEPT:
+                    del ends[:_KEPT], spans[:_KEPT]
                 if cache:
                     cache.clear()
 
@@ -59,9 +69,10 @@ class ModuleSpans:
         found = self._cache.get(nr)
         if found is not None:
             return found
-        best, best_span = "", None
-        for start, end, scope in reversed(self._spans):
-            if start <= nr < end and (best_span is None or end - start < best_span):
-                best, best_span = scope, end - start
+        best, spans = "", self._spans
+        for i in range(bisect_right(self._ends, nr), len(spans)):
+            if spans[i][0] <= nr:
+                best = spans[i][1]
+                break
         self._cache[nr] = best
         return best

@@ -25,7 +25,6 @@ import os
 import re
 import threading
 import time
-import weakref
 from typing import Any
 
 import torch
@@ -37,7 +36,7 @@ from obs.dump._files import escape_name, inside, npy_bytes, write_new
 from obs.dump._spans import ModuleSpans
 from obs.dump._tensors import host_array, ms_dtype
 from obs.dump.config import DumpConfig
-from obs.dump.stats import csv_header, statistics
+from obs.dump._rows import Op, StatisticRows
 from obs.runtime.steps import tracker
 from obs.settings.parallel import rank
 
@@ -45,7 +44,6 @@ __all__ = ["DataDump", "op_type"]
 
 GRAPH_ID = 0
 ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"
-_INT_CATEGORIES = {"max", "min"}
 _NOT_OPS = ("_record_function",)  # the optimizer's profiler annotations, not computations
 current_node = torch._C._current_autograd_node
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -55,21 +53,6 @@ def op_type(name: str) -> str:
     """``addmm.default`` → ``Addmm``; ``native_batch_norm_backward.default`` → ``NativeBatchNormBackward``."""
     base = name.split(".", 1)[0]
     return "".join(part[:1].upper() + part[1:] for part in base.split("_") if part) or "Op"
-
-
-def _slots(args: Any) -> list[tuple[int, torch.Tensor]]:
-    out, slot = [], 0
-    for value in args:
-        if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) or v is None for v in value):
-            for item in value:
-                if item is not None:
-                    out.append((slot, item))
-                slot += 1
-            continue
-        if isinstance(value, torch.Tensor):
-            out.append((slot, value))
-        slot += 1
-    return out
 
 
 def _write_fresh(path: str, text: str) -> None:
@@ -88,16 +71,6 @@ def _append(path: str, text: str) -> None:
         os.close(fd)
 
 
-def _number(value: Any, integral: bool) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, float):
-        if integral and value.is_integer():
-            return str(int(value))
-        return repr(value)
-    return str(value)
-
-
 class DataDump:
     """Subscribes to steps and op outputs while on; writes one iteration folder per selected step."""
 
@@ -107,20 +80,23 @@ class DataDump:
         self.iteration = -1
         self._count = 0
         self._order: list[str] = []
-        self._rows: list[str] = []
         self._dumped: list[int] = []
         self._folder = ""
         self._subs: list[Subscription] = []
         self._demand: Any = None
         self._types: dict[str, str] = {}
-        self._names: dict[str, str] = {}
-        self._seen: dict[int, tuple[Any, int, list[Any]]] = {}
+        self._names: dict[str, tuple[str, str, bool]] = {}
+        self._last_stamp = 0
+        self._rank = -1
+        self._graph_dir = self._order_dir = ""
+        self._tensors, self._statistics = config.tensors, config.statistics
+        self._inputs, self._outputs = config.input_output != 2, config.input_output != 1
+        self.rows = StatisticRows(config.statistic_category)
         self.spans = ModuleSpans()
         self._lock = threading.Lock()
         self._metadata_written = False
         self._parameters_done = False
         self._written_order: list[str] = []
-        self._header = csv_header(config.statistic_category)
 
     def install(self) -> DataDump:
         self._demand = tracker.require("data dump")
@@ -166,15 +142,20 @@ class DataDump:
     def _on_step_begin(self, step: int) -> None:
         iteration = self.config.initial_iteration + step - 1
         self.iteration, self._count = iteration, 0
-        self._order, self._rows = [], []
-        self._seen.clear()
+        self._order = []
+        self.rows.clear()
         self._parameters_done = False
         self.active = iteration in self.config.iterations and bool(self.config.e2e.get("enable", True))
         if self.active:
             if not self._metadata_written:
                 self._write_metadata()
-            self._folder = inside(self.rank_dir(), self.config.net_name, str(GRAPH_ID), str(iteration))
-            safe_files.ensure_dir(self._folder)
+            r = rank()
+            if r != self._rank:  # the folders of this rank, checked once
+                self._rank, rank_dir = r, self.rank_dir()
+                self._graph_dir = inside(rank_dir, self.config.net_name, str(GRAPH_ID))
+                self._order_dir = inside(rank_dir, "execution_order", escape=False)
+            # created with its first file (safe_files.create_file makes the missing folders): one walk, not two
+            self._folder = os.path.join(self._graph_dir, str(iteration))
 
     def _on_module(self, scope: str, module: Any) -> None:
         """The root module's first call in a dumped step: its parameters, as the original's Parameter files."""
@@ -184,7 +165,7 @@ class DataDump:
         try:
             with suppressed():
                 for name, tensor in module.named_parameters():
-                    self._tensor("Parameter", name.replace(".", "_"), "output", 0, tensor, raw_name=True)
+                    self._tensor(self._op("Parameter", escape_name(name.replace(".", "_"))), "output", 0, tensor)
         except Exception as exc:
             report_internal_error("data dump parameters", exc)
 
@@ -197,12 +178,12 @@ class DataDump:
         # execution order is rewritten only when it changed.
         self.active = False
         with suppressed():
-            if self.config.statistics:
-                _write_fresh(os.path.join(self._folder, "statistic.csv"),
-                             self._header + "\n" + "".join(self._rows))
+            if self._statistics:
+                _write_fresh(os.path.join(self._folder, "statistic.csv"), self.rows.text())
+            else:  # the iteration's folder, even when no tensor was selected
+                safe_files.ensure_dir(self._folder)
             self._dumped.append(self.iteration)
-            order = inside(self.rank_dir(), "execution_order")
-            safe_files.ensure_dir(order)
+            order = self._order_dir  # its files are created with their folder
             if self._order != self._written_order:
                 safe_files.write_atomic(os.path.join(order, f"ms_execution_order_graph_{GRAPH_ID}.csv"),
                                         ORDER_HEADER + "\n" + "".join(f"{n}\n" for n in self._order), fsync=False)
@@ -212,9 +193,10 @@ class DataDump:
                 safe_files.write_atomic(global_order, f"{self.iteration}\n", fsync=False)
             else:
                 _append(global_order, f"{self.iteration}\n")
-        outputs.wrote("data dump", self._folder)
-        self._rows, self._order = [], []
-        self._seen.clear()
+        if len(self._dumped) == 1:  # obs run lists the folder of the iterations once, not each of them
+            outputs.wrote("data dump", self._graph_dir)
+        self._order = []
+        self.rows.clear()
 
     # -- ops --------------------------------------------------------------------------------------
     def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
@@ -231,58 +213,56 @@ class DataDump:
             stack = SUPPRESSION.stack
             scope = stack[-1] if stack else "Default"
         full = f"{scope}/{kind}-op{n}"
-        self._order.append(_CONTROL.sub("_", full))  # one line per op in execution_order
-        if not self.config.wants(full):
+        entry = self._names.get(full) or self._name_entry(full)
+        self._order.append(entry[0])  # one line per op in execution_order
+        if not entry[2]:
             return
-        io = self.config.input_output
+        op = self._op(kind, entry[1])
         try:
             with suppressed():
-                if io in (0, 1):
-                    for slot, tensor in _slots(list(args) + list((kwargs or {}).values())):
-                        self._tensor(kind, full, "input", slot, tensor)
-                if io in (0, 2):
-                    outs = output if isinstance(output, (list, tuple)) else (output,)
-                    for slot, tensor in _slots([outs]):
-                        self._tensor(kind, full, "output", slot, tensor)
+                if self._inputs:
+                    self._each(op, "input", (*args, *kwargs.values()) if kwargs else args)
+                if self._outputs:
+                    self._each(op, "output", (output if isinstance(output, (list, tuple)) else (output,),))
         except Exception as exc:
             report_internal_error("data dump op", exc)
 
-    def _escaped(self, full: str) -> str:
-        escaped = self._names.get(full)
-        if escaped is None:
-            if len(self._names) > 1 << 16:
-                self._names.clear()
-            escaped = self._names[full] = escape_name(full)
-        return escaped
+    def _each(self, op: Op, io: str, values: Any) -> None:
+        """Dump every tensor of ``values``; slots follow positions, a list of tensors taking one slot per item
+        (a non-tensor leaves a gap, as in the original)."""
+        slot = 0
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                self._tensor(op, io, slot, value)
+            elif isinstance(value, (list, tuple)) and value and \
+                    all(isinstance(v, torch.Tensor) or v is None for v in value):
+                for item in value:
+                    if item is not None:
+                        self._tensor(op, io, slot, item)
+                    slot += 1
+                continue
+            slot += 1
 
-    def _statistics(self, tensor: torch.Tensor) -> list[Any]:
-        """Statistics of ``tensor``, computed once per step: an op's output is usually the next op's input."""
-        key, version = id(tensor), tensor._version
-        seen = self._seen.get(key)
-        if seen is not None and seen[0]() is tensor and seen[1] == version:
-            return seen[2]
-        values = statistics(tensor, self.config.statistic_category)
-        self._seen[key] = (weakref.ref(tensor), version, values)
-        return values
+    def _op(self, kind: str, name: str) -> Op:
+        """``(op type, escaped name, µs)`` of an op: the microseconds of its file names and rows are one per op
+        (its tensors share them) and increasing, so that readers order tensors as they were written."""
+        now = time.time_ns() // 1000
+        self._last_stamp = now = now if now > self._last_stamp else self._last_stamp + 1
+        return kind, name, now
 
-    def _tensor(self, kind: str, full: str, io: str, slot: int, tensor: torch.Tensor, raw_name: bool = False) -> None:
-        if tensor.layout is not torch.strided or tensor.device.type == "meta":
-            return
-        name = escape_name(full) if raw_name else self._escaped(full)
-        stamp = time.time_ns() // 1000
-        dtype = ms_dtype(tensor)
-        if self.config.tensors:
+    def _name_entry(self, full: str) -> tuple[str, str, bool]:
+        """An op's execution_order line, escaped file name and whether it is dumped: once per full name."""
+        if len(self._names) > 1 << 16:
+            self._names.clear()
+        entry = self._names[full] = (_CONTROL.sub("_", full), escape_name(full), self.config.wants(full))
+        return entry
+
+    def _tensor(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> None:
+        if self._tensors and tensor.layout is torch.strided and not tensor.is_meta:
+            kind, name, stamp = op
             path = os.path.join(self._folder, f"{kind}.{name}.0.0.{stamp}.{io}.{slot}.DefaultFormat."
-                                              f"{dtype}.npy")
+                                              f"{ms_dtype(tensor)}.npy")
             header, data = npy_bytes(host_array(tensor))
             write_new(path, header, data)
-        if self.config.statistics:
-            values = self._statistics(tensor)
-            integral = not (tensor.is_floating_point() or tensor.is_complex())
-            shape = "(" + ",".join(str(int(d)) for d in tensor.shape) + ")"
-            fields = [kind, name, "0", "0", str(stamp), io, str(slot),
-                      str(tensor.numel() * tensor.element_size()), str(tensor.dtype).removeprefix("torch."),
-                      f'"{shape}"']
-            fields += [_number(v, integral and c in _INT_CATEGORIES) for c, v in
-                       zip(self.config.statistic_category, values)]
-            self._rows.append(",".join(fields) + "\n")
+        if self._statistics:
+            self.rows.add(op, io, slot, tensor)

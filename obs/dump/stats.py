@@ -1,24 +1,35 @@
 """Tensor statistics for ``statistic.csv`` and the NaN/Inf check, on the tensor's own device.
 
-Fast path first: one sum decides whether a tensor is all finite (a finite sum means no NaN and no
-Inf); exact NaN/Inf counts and finite-only min/max are computed only when that gate fails.  All
-requested numbers are stacked and read back in one transfer.  Everything runs under
-:func:`obs._core.internal.suppressed`, invisible to obs's hooks.
+Dense CPU tensors of the common dtypes (float32/64, float16, bfloat16, int8-64, uint8, bool) go
+through the C extension ``obs.dump._stats``: one pass over the memory for min, max, sum and sum of
+squares, an exact NaN/Inf count only when that sum is not finite, zero counts only when asked.
+Everything else (CUDA, complex, other dtypes, tensor subclasses, or a build without the extension)
+takes the torch path: fast path first, one sum decides whether a tensor is all finite (a finite sum
+means no NaN and no Inf); exact NaN/Inf counts and finite-only min/max are computed only when that
+gate fails; all requested numbers are stacked and read back in one transfer.  Both give the same
+values within the dtype's rounding (the C sums are in double, so they are the closer ones).  Our own
+tensor work runs under :func:`obs._core.internal.suppressed`, invisible to obs's hooks.
 """
 
 from __future__ import annotations
 
 import cmath
+import functools
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from obs._core.internal import suppressed
 
-__all__ = ["FIXED_COLUMNS", "csv_header", "nonfinite_counts", "statistics"]
+try:
+    from obs.dump import _stats as native
+except ImportError:  # built without a C compiler: the torch path does it all
+    native = None
+
+__all__ = ["FIXED_COLUMNS", "compile_statistics", "csv_header", "nonfinite_counts", "statistics"]
 
 #: statistic.csv's fixed columns, byte for byte as the original writes them
 FIXED_COLUMNS = ("Op Type", "Op Name", "Task ID", "Stream ID", "Timestamp", "IO", "Slot", "Data Size", "Data Type",
@@ -66,16 +77,100 @@ def _unexpanded(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 _COUNTS = ("nan count", "positive inf count", "negative inf count")
 _ZEROS = ("zero count", "positive zero count", "negative zero count")
 _HASHES = ("md5", "hash:md5", "hash", "hash:sha1")
+_INTEGRAL = frozenset(_COUNTS + _ZEROS + ("count",))
 
 
 def statistics(tensor: torch.Tensor, categories: Sequence[str]) -> list[Any]:
-    """One value per category, in order; ``None`` for max/min/avg when no element is finite.
+    """One value per category, in order; ``None`` for max/min/avg when no element is finite."""
+    return compile_statistics(tuple(categories))(tensor)
 
-    Stage one reads back, in one transfer, what every tensor needs (min and max in one pass, the sum
-    or the norm) plus a gate; only a tensor whose gate is not finite pays stage two: exact NaN/Inf
-    counts and min/max/avg over its finite elements.
-    """
-    need = set(categories)
+
+@functools.lru_cache(maxsize=32)
+def compile_statistics(categories: tuple[str, ...]) -> Callable[[torch.Tensor], list[Any]]:
+    """``statistics`` with the categories decided once: the function a data dump calls per tensor."""
+    need = frozenset(categories)
+    zeros = bool(need.intersection(_ZEROS))
+    hashes = bool(need.intersection(_HASHES))
+    ints = [c in _INTEGRAL for c in categories]
+    picks = [_NATIVE_ORDER.index(c) if c in _NATIVE_ORDER else -1 for c in categories]
+    native_only = not hashes
+
+    def run(tensor: torch.Tensor) -> list[Any]:
+        got = _native_values(tensor, zeros) if native is not None else None
+        if got is not None and native_only:
+            return [got[i] for i in picks]
+        if got is not None:
+            values = dict(zip(_NATIVE_ORDER, got))
+        else:
+            values = _torch_values(tensor, need)
+            values = {k: int(v) if k in _INTEGRAL and v is not None else v for k, v in values.items()}
+        if hashes:
+            _add_hashes(tensor, values)
+        return [values.get(c) for c in categories]
+    return run
+
+
+_CODES: dict[torch.dtype, int] = {} if native is None else {
+    torch.float32: native.F32, torch.float64: native.F64, torch.float16: native.F16, torch.bfloat16: native.BF16,
+    torch.int64: native.I64, torch.int32: native.I32, torch.int16: native.I16, torch.int8: native.I8,
+    torch.uint8: native.U8, torch.bool: native.U8}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses (fake, functional, DTensor) may have no host memory
+#: what _native_values returns, in its order
+_NATIVE_ORDER = ("max", "min", "avg", "count", "l2norm", "nan count", "positive inf count", "negative inf count",
+                 "zero count", "negative zero count", "positive zero count")
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements exactly fill ``numel`` consecutive slots from ``data_ptr()`` in some order
+    (permuted, channels-last): statistics do not depend on the order."""
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _native_values(tensor: torch.Tensor, zeros: bool) -> tuple[Any, ...] | None:
+    """The statistics of a dense CPU tensor (``_NATIVE_ORDER``) through the C pass; None when the torch path
+    must do it."""
+    code = _CODES.get(tensor.dtype)
+    if code is None or not tensor.is_cpu or type(tensor) not in _PLAIN or tensor.layout is not torch.strided \
+            or tensor.is_neg():
+        return None
+    n = tensor.numel()
+    t, repeat = tensor, 1
+    if not t.is_contiguous():
+        t, repeat = _unexpanded(t)
+        if not _dense(t):
+            with suppressed():
+                t = t.detach().contiguous()
+    distinct = t.numel()
+    lo, hi, total, squares, nan, pos, neg, zero, negzero = native.reduce(t.data_ptr(), distinct, code, zeros)
+    finite = distinct - nan - pos - neg
+    if finite:
+        avg = total / finite
+    else:
+        lo = hi = avg = None
+    norm = math.nan if nan else math.inf if pos or neg else math.sqrt(squares * repeat)
+    if repeat == 1:
+        return hi, lo, avg, n, norm, nan, pos, neg, zero, negzero, zero - negzero
+    return (hi, lo, avg, n, norm, nan * repeat, pos * repeat, neg * repeat, zero * repeat, negzero * repeat,
+            (zero - negzero) * repeat)
+
+
+def _add_hashes(tensor: torch.Tensor, values: dict[str, Any]) -> None:
+    from obs.dump._tensors import host_array
+
+    raw = host_array(tensor).tobytes()
+    values["md5"] = values["hash:md5"] = hashlib.md5(raw).hexdigest()
+    values["hash"] = values["hash:sha1"] = hashlib.sha1(raw).hexdigest()
+
+
+def _torch_values(tensor: torch.Tensor, need: frozenset[str]) -> dict[str, Any]:
+    """The torch path: stage one reads back, in one transfer, what every tensor needs (min and max in one
+    pass, the sum or the norm) plus a gate; only a tensor whose gate is not finite pays stage two: exact
+    NaN/Inf counts and min/max/avg over its finite elements."""
     with suppressed():
         t = tensor.detach()
         if t.is_complex():
@@ -144,16 +239,4 @@ def statistics(tensor: torch.Tensor, categories: Sequence[str]) -> list[Any]:
             values["positive zero count"] = read["zero count"] - values["negative zero count"]
         if not n:
             values.update({k: 0 for k in _ZEROS})
-        if need.intersection(_HASHES):
-            from obs.dump._tensors import host_array
-
-            raw = host_array(tensor).tobytes()
-            values["md5"] = values["hash:md5"] = hashlib.md5(raw).hexdigest()
-            values["hash"] = values["hash:sha1"] = hashlib.sha1(raw).hexdigest()
-    out = []
-    for c in categories:
-        v = values.get(c)
-        if v is not None and (c in _COUNTS or c in _ZEROS or c == "count"):
-            v = int(v)
-        out.append(v)
-    return out
+    return values

@@ -1,0 +1,126 @@
+"""statistic.csv of one step: statistics taken as ops return, the text formatted once at the step's end.
+
+An op's statistics must be taken when it returns (a later in-place write would change them), but
+everything else waits: a row is recorded as ``(op, io, slot, record)`` and a record holds the
+statistics, the dtype and the shape of one tensor.  Records are shared within a step: by tensor (an
+op's output is usually the next op's input), and by memory (autograd hands backward a new tensor
+object for a saved forward output; a view with the same layout): the same storage, still alive, the
+same address, shape, strides, dtype and version hold the same values.  :meth:`StatisticRows.text` then
+formats each record once and every row from it, in one tight loop instead of a little at a time
+between the training step's kernels.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from obs.dump.stats import compile_statistics, csv_header
+
+__all__ = ["Op", "StatisticRows"]
+
+#: (op type, escaped full name, µs): what names an op's rows and tensor files
+Op = tuple[str, str, int]
+
+_WHOLE = frozenset({"max", "min"})  # printed as integers for integer tensors
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _number(value: Any, integral: bool) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        if integral and value.is_integer():
+            return str(int(value))
+        return repr(value)
+    return str(value)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+class StatisticRows:
+    """The rows of one step; ``add`` while ops run, ``text`` at the end, ``clear`` for the next step."""
+
+    def __init__(self, categories: Sequence[str]) -> None:
+        self.header = csv_header(categories)
+        self._stats = compile_statistics(tuple(categories))
+        self._whole = [c in _WHOLE for c in categories]
+        self._rows: list[tuple[Op, str, int, list[Any]]] = []
+        self._seen: dict[int, tuple[Any, int, list[Any] | None]] = {}
+        self._memory: dict[tuple[Any, ...], tuple[Any, list[Any]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def clear(self) -> None:
+        self._rows = []
+        self._seen.clear()
+        self._memory.clear()
+
+    def add(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> None:
+        """One row for ``tensor`` (none for a tensor without values: sparse, meta)."""
+        try:
+            version = tensor._version
+        except RuntimeError:  # an inference tensor has no version counter: not shared
+            version = None
+        seen = self._seen.get(id(tensor))
+        if seen is not None and seen[1] == version and version is not None and seen[0]() is tensor:
+            record = seen[2]
+        else:
+            record = self._record(tensor, version)
+        if record is not None:
+            self._rows.append((op, io, slot, record))
+
+    def _record(self, tensor: torch.Tensor, version: int | None) -> list[Any] | None:
+        if tensor.layout is not torch.strided or tensor.is_meta:
+            record = None
+        elif version is None:
+            record = [self._stats(tensor), tensor.dtype, tensor.shape, None]
+        else:
+            record = self._by_memory(tensor, version)
+        if version is not None:
+            self._seen[id(tensor)] = (weakref.ref(tensor), version, record)
+        return record
+
+    def _by_memory(self, tensor: torch.Tensor, version: int) -> list[Any]:
+        """The record of another tensor over the same memory, else a new one: [statistics, dtype, shape, text]."""
+        try:
+            storage = tensor.untyped_storage()  # one Python object per live storage: identity is safe
+            key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, version)
+        except Exception:  # a tensor subclass without storage
+            return [self._stats(tensor), tensor.dtype, tensor.shape, None]
+        found = self._memory.get(key)
+        if found is not None and found[0]() is storage:
+            return found[1]
+        record = [self._stats(tensor), tensor.dtype, tensor.shape, None]
+        self._memory[key] = (weakref.ref(storage), record)
+        return record
+
+    def text(self) -> str:
+        """statistic.csv: the header, then one line per row, in the order they were added."""
+        lines = [self.header, "\n"]
+        for (kind, name, stamp), io, slot, record in self._rows:
+            tail = record[3]
+            if tail is None:
+                tail = record[3] = self._format(record)
+            lines.append(f"{kind},{name},0,0,{stamp},{io},{slot},{tail}\n")
+        return "".join(lines)
+
+    def _format(self, record: list[Any]) -> str:
+        """Data Size, Data Type, Shape, then the statistics: the columns after the slot."""
+        values, dtype, shape = record[0], record[1], record[2]
+        integral = not (dtype.is_floating_point or dtype.is_complex)
+        size = math.prod(shape) * dtype.itemsize
+        fixed = f'{size},{_dtype_name(dtype)},"({",".join(map(str, shape))})"'
+        if not values:
+            return fixed
+        return fixed + "," + ",".join([_number(v, integral and whole) for v, whole in zip(values, self._whole)])

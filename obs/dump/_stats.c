@@ -1,0 +1,343 @@
+/* Tensor statistics in one pass over a dense CPU buffer, for statistic.csv (obs/dump/stats.py).
+ *
+ * reduce(address, count, dtype_code, zeros) reads `count` elements at `address` (the caller passes
+ * a live tensor's data_ptr() whose elements fill [address, address + count * itemsize)) and returns
+ * (min, max, sum, sumsq, nan, +inf, -inf, zero, negative zero).
+ *
+ * Fast path: min, max, sum and sum of squares in one pass, written as lane loops the compiler
+ * vectorizes without -ffast-math (nothing is reassociated: each lane is its own accumulator).
+ * Floats are summed per block in the element type (16 lanes, 16 elements each) and the block sums
+ * added in double, so sums are at least as exact as torch's cascade sums; float16/bfloat16 are
+ * converted to float32 one block at a time.  A finite double sum and sum of squares prove every
+ * element finite (a NaN or an Inf reaches both); otherwise, or when a block sum overflowed, an
+ * exact pass counts NaN/+Inf/-Inf and takes min/max/sum/sumsq over the finite elements only.
+ * Integers: min/max exact in their type; sums are exact in int64 per block while the block's
+ * magnitude allows (checked), else summed in double.  Zero counts are a separate pass, only when
+ * asked.  The GIL is released while large buffers are read.  No torch headers: codes below.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I64 = 4, I32 = 5, I16 = 6, I8 = 7, U8 = 8 };
+
+#ifndef LANES
+#define LANES 16
+#endif
+#ifndef BLOCK
+#define BLOCK 256 /* elements per block: 16 per lane */
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && defined(__linux__)
+/* AVX2/FMA/F16C clones where the CPU has them (chosen once at load by an ifunc), SSE2 elsewhere. */
+#define CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+typedef struct {
+    double mn, mx, sum, sumsq;
+    long long nan, pinf, ninf, zero, negzero;
+} Stats;
+
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* IEEE half -> float, branch-free (exact for normals, subnormals, Inf and NaN). */
+static inline float half_f32(uint16_t h) {
+    uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+    float normalized = bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    float denormalized = bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
+    uint32_t small = 0u - (uint32_t)(two_w < (1u << 27)); /* a mask, not a branch: the loop vectorizes */
+    uint32_t body = (f32_bits(denormalized) & small) | (f32_bits(normalized) & ~small);
+    return bits_f32(sign | body);
+}
+
+static inline float bf16_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+/* ---- floating point: the fast pass ----------------------------------------------------------- */
+
+/* One block of float32: lane min/max kept across blocks, block sums returned per lane.  NaN never
+ * enters min/max here (a comparison with NaN is false): the sums carry it to the gate. */
+static inline void block_f32(const float *x, float *mn, float *mx, double *s, double *ss) {
+    float bs[LANES] = {0}, bss[LANES] = {0};
+    for (int j = 0; j < BLOCK; j += LANES)
+        for (int k = 0; k < LANES; k++) {
+            float v = x[j + k];
+            mn[k] = v < mn[k] ? v : mn[k];
+            mx[k] = v > mx[k] ? v : mx[k];
+            bs[k] += v;
+            bss[k] += v * v;
+        }
+    for (int k = 0; k < LANES; k++) {
+        s[k] += bs[k];
+        ss[k] += bss[k];
+    }
+}
+
+static inline void tail_d(double v, Stats *r) {
+    r->mn = v < r->mn ? v : r->mn;
+    r->mx = v > r->mx ? v : r->mx;
+    r->sum += v;
+    r->sumsq += v * v;
+}
+
+static void lanes_done_f(const float *mn, const float *mx, const double *s, const double *ss, Stats *r) {
+    for (int k = 0; k < LANES; k++) {
+        if (mn[k] < r->mn) r->mn = mn[k];
+        if (mx[k] > r->mx) r->mx = mx[k];
+        r->sum += s[k];
+        r->sumsq += ss[k];
+    }
+}
+
+#define FLOAT_INIT                                                                       \
+    float mn[LANES], mx[LANES];                                                          \
+    double s[LANES] = {0}, ss[LANES] = {0};                                              \
+    for (int k = 0; k < LANES; k++) { mn[k] = INFINITY; mx[k] = -INFINITY; }             \
+    Py_ssize_t i = 0
+
+CLONES static void fast_f32(const float *x, Py_ssize_t n, Stats *r) {
+    FLOAT_INIT;
+    for (; i + BLOCK <= n; i += BLOCK) block_f32(x + i, mn, mx, s, ss);
+    lanes_done_f(mn, mx, s, ss, r);
+    for (; i < n; i++) tail_d(x[i], r);
+}
+
+/* Block conversions to float32, kept as separate plain loops so that each vectorizes. */
+static inline void convert_half(const uint16_t *x, float *out) {
+    for (int j = 0; j < BLOCK; j++) out[j] = half_f32(x[j]);
+}
+
+static inline void convert_bf16(const uint16_t *x, float *out) {
+    for (int j = 0; j < BLOCK; j++) out[j] = bf16_f32(x[j]);
+}
+
+CLONES static void fast_half(const uint16_t *x, Py_ssize_t n, int brain, Stats *r) {
+    float buf[BLOCK];
+    FLOAT_INIT;
+    for (; i + BLOCK <= n; i += BLOCK) {
+        if (brain) convert_bf16(x + i, buf);
+        else convert_half(x + i, buf);
+        block_f32(buf, mn, mx, s, ss);
+    }
+    lanes_done_f(mn, mx, s, ss, r);
+    for (; i < n; i++) tail_d(brain ? bf16_f32(x[i]) : half_f32(x[i]), r);
+}
+
+CLONES static void fast_f64(const double *x, Py_ssize_t n, Stats *r) {
+    double mn[LANES], mx[LANES], s[LANES] = {0}, ss[LANES] = {0};
+    for (int k = 0; k < LANES; k++) { mn[k] = INFINITY; mx[k] = -INFINITY; }
+    Py_ssize_t i = 0;
+    for (; i + BLOCK <= n; i += BLOCK) {
+        double bs[LANES] = {0}, bss[LANES] = {0};
+        for (int j = 0; j < BLOCK; j += LANES)
+            for (int k = 0; k < LANES; k++) {
+                double v = x[i + j + k];
+                mn[k] = v < mn[k] ? v : mn[k];
+                mx[k] = v > mx[k] ? v : mx[k];
+                bs[k] += v;
+                bss[k] += v * v;
+            }
+        for (int k = 0; k < LANES; k++) { s[k] += bs[k]; ss[k] += bss[k]; }
+    }
+    for (int k = 0; k < LANES; k++) {
+        if (mn[k] < r->mn) r->mn = mn[k];
+        if (mx[k] > r->mx) r->mx = mx[k];
+        r->sum += s[k];
+        r->sumsq += ss[k];
+    }
+    for (; i < n; i++) tail_d(x[i], r);
+}
+
+/* ---- floating point: the exact pass (only when the gate fails) -------------------------------- */
+
+static inline void exact_one(double v, Stats *r) {
+    if (v != v) r->nan++;
+    else if (v == INFINITY) r->pinf++;
+    else if (v == -INFINITY) r->ninf++;
+    else tail_d(v, r);
+}
+
+static void exact_float(const void *p, Py_ssize_t n, int code, Stats *r) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double v;
+        switch (code) {
+        case F32: v = ((const float *)p)[i]; break;
+        case F64: v = ((const double *)p)[i]; break;
+        case F16: v = half_f32(((const uint16_t *)p)[i]); break;
+        default: v = bf16_f32(((const uint16_t *)p)[i]); break;
+        }
+        exact_one(v, r);
+    }
+}
+
+/* Elements whose bits other than the top one are zero (+0 and -0; for integers 0 and the most negative
+ * value), and those equal to the top bit alone (-0; the most negative integer).  Lane counters per block. */
+#define ZEROS(NAME, T, C, MASK, SIGN)                                                                 \
+    CLONES static void NAME(const T *x, Py_ssize_t n, Stats *r) {                                    \
+        long long z = 0, neg = 0;                                                                    \
+        for (Py_ssize_t i = 0; i < n; i += 1 << 15) {                                                \
+            Py_ssize_t end = n - i < (1 << 15) ? n - i : (1 << 15);                                  \
+            C bz = 0, bn = 0; /* counters as wide as the data (or 16 bits): they vectorize best */   \
+            for (Py_ssize_t j = 0; j < end; j++) {                                                   \
+                T u = x[i + j];                                                                      \
+                bz += (T)(u & (T)(MASK)) == 0;                                                       \
+                bn += u == (T)(SIGN);                                                                \
+            }                                                                                        \
+            z += bz; neg += bn;                                                                      \
+        }                                                                                            \
+        r->zero = z; r->negzero = neg;                                                               \
+    }
+
+ZEROS(zeros_bits64, uint64_t, uint64_t, 0x7fffffffffffffffull, 0x8000000000000000ull)
+ZEROS(zeros_bits32, uint32_t, uint32_t, 0x7fffffffu, 0x80000000u)
+ZEROS(zeros_bits16, uint16_t, uint16_t, 0x7fffu, 0x8000u)
+ZEROS(zeros_bits8, uint8_t, uint16_t, 0x7fu, 0x80u)
+
+/* ---- integers ---------------------------------------------------------------------------------- */
+
+/* Integer reductions vectorize as plain loops (nothing to reassociate).  Per block of 1024: min/max
+ * in the type, sums in an integer accumulator, exact while the block's values allow: 8- and 16-bit
+ * values always; 32- and 64-bit values when all |v| < 2^26 (squares < 2^52, taken as int32 x int32
+ * -> int64), else the block is summed again one by one.  Unsigned accumulators keep the wrap of a
+ * discarded block defined.  The sum is exact (128-bit) and rounded once; squares are summed in double. */
+#ifdef __SIZEOF_INT128__
+typedef __int128 wide_t;
+#else
+typedef double wide_t;
+#endif
+#define BLOCK_INT 1024
+#define WIDE(v) ((int64_t)(int32_t)(v))
+#define NARROW(v) ((int32_t)(v))
+#define INT_KERNEL(NAME, T, SQ, ACC, EXACT)                                                          \
+    CLONES static void NAME(const T *x, Py_ssize_t n, Stats *r) {                                    \
+        T mn = x[0], mx = x[0];                                                                      \
+        wide_t total = 0;                                                                            \
+        for (Py_ssize_t i = 0; i < n; i += BLOCK_INT) {                                              \
+            Py_ssize_t m = n - i < BLOCK_INT ? n - i : BLOCK_INT;                                    \
+            T lo = x[i], hi = x[i];                                                                  \
+            ACC s = 0, ss = 0;                                                                       \
+            for (Py_ssize_t j = 0; j < m; j++) {                                                     \
+                T v = x[i + j];                                                                      \
+                lo = v < lo ? v : lo;                                                                \
+                hi = v > hi ? v : hi;                                                                \
+                s += (ACC)v;                                                                         \
+                ss += (ACC)(SQ(v) * SQ(v));                                                          \
+            }                                                                                        \
+            mn = lo < mn ? lo : mn;                                                                  \
+            mx = hi > mx ? hi : mx;                                                                  \
+            if (EXACT) {                                                                             \
+                total += (int64_t)s;                                                                 \
+                r->sumsq += (double)(int64_t)ss;                                                     \
+            } else {                                                                                 \
+                for (Py_ssize_t j = 0; j < m; j++) {                                                 \
+                    double v = (double)x[i + j];                                                     \
+                    total += (wide_t)x[i + j];                                                       \
+                    r->sumsq += v * v;                                                               \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+        r->sum = (double)total;                                                                      \
+        r->mn = (double)mn;                                                                          \
+        r->mx = (double)mx;                                                                          \
+    }
+
+#define SMALL(lo, hi) ((int64_t)(lo) > -(1LL << 26) && (int64_t)(hi) < (1LL << 26))
+INT_KERNEL(fast_i64, int64_t, WIDE, uint64_t, SMALL(lo, hi))
+INT_KERNEL(fast_i32, int32_t, WIDE, uint64_t, SMALL(lo, hi))
+INT_KERNEL(fast_i16, int16_t, NARROW, uint64_t, 1)
+INT_KERNEL(fast_i8, int8_t, NARROW, int32_t, 1)
+INT_KERNEL(fast_u8, uint8_t, NARROW, int32_t, 1)
+
+static const int ITEMSIZE[] = {4, 8, 2, 2, 8, 4, 2, 1, 1};
+
+static void run(const void *p, Py_ssize_t n, int code, int zeros, Stats *r) {
+    r->mn = INFINITY; r->mx = -INFINITY;
+    r->sum = r->sumsq = 0.0;
+    r->nan = r->pinf = r->ninf = r->zero = r->negzero = 0;
+    if (n == 0) return;
+    switch (code) {
+    case F32: fast_f32(p, n, r); break;
+    case F64: fast_f64(p, n, r); break;
+    case F16: fast_half(p, n, 0, r); break;
+    case BF16: fast_half(p, n, 1, r); break;
+    case I64: fast_i64(p, n, r); break;
+    case I32: fast_i32(p, n, r); break;
+    case I16: fast_i16(p, n, r); break;
+    case I8: fast_i8(p, n, r); break;
+    default: fast_u8(p, n, r); break;
+    }
+    if (code <= BF16 && !(isfinite(r->sum) && isfinite(r->sumsq))) {
+        /* A NaN or an Inf, or finite values whose sum or squares overflowed: count exactly. */
+        r->mn = INFINITY; r->mx = -INFINITY;
+        r->sum = r->sumsq = 0.0;
+        exact_float(p, n, code, r);
+    }
+    if (!zeros) return;
+    switch (code) {
+    case F32: zeros_bits32(p, n, r); break;
+    case F64: zeros_bits64(p, n, r); break;
+    case F16: case BF16: zeros_bits16(p, n, r); break;
+    case I64: zeros_bits64(p, n, r); break;
+    case I32: zeros_bits32(p, n, r); break;
+    case I16: zeros_bits16(p, n, r); break;
+    default: zeros_bits8(p, n, r); break; /* int8, uint8 and bool: bytes */
+    }
+    if (code >= I64) { /* integers have no -0: the top bit alone is the most negative value (or 128) */
+        r->zero -= r->negzero;
+        r->negzero = 0;
+    }
+}
+
+static PyObject *m_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "reduce(address, count, dtype_code, zeros) takes 4 arguments");
+        return NULL;
+    }
+    void *p = PyLong_AsVoidPtr(args[0]);
+    if (p == NULL && PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    long code = PyLong_AsLong(args[2]);
+    if (code == -1 && PyErr_Occurred()) return NULL;
+    int zeros = PyObject_IsTrue(args[3]);
+    if (zeros < 0) return NULL;
+    if (n < 0 || code < 0 || code > U8 || (p == NULL && n > 0)) {
+        PyErr_SetString(PyExc_ValueError, "reduce: bad count, dtype code or address");
+        return NULL;
+    }
+    Stats r;
+    if ((size_t)n * ITEMSIZE[code] >= (1u << 18)) {
+        Py_BEGIN_ALLOW_THREADS
+        run(p, n, (int)code, zeros, &r);
+        Py_END_ALLOW_THREADS
+    } else {
+        run(p, n, (int)code, zeros, &r);
+    }
+    return Py_BuildValue("(ddddLLLLL)", r.mn, r.mx, r.sum, r.sumsq, r.nan, r.pinf, r.ninf, r.zero, r.negzero);
+}
+
+static PyMethodDef methods[] = {
+    {"reduce", (PyCFunction)(void (*)(void))m_reduce, METH_FASTCALL,
+     "reduce(address, count, dtype_code, zeros) -> (min, max, sum, sumsq, nan, +inf, -inf, zero, -zero)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stats",
+                                    "One-pass tensor statistics for the data dump.", -1, methods};
+
+PyMODINIT_FUNC PyInit__stats(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "F32", F32) || PyModule_AddIntConstant(m, "F64", F64) ||
+        PyModule_AddIntConstant(m, "F16", F16) || PyModule_AddIntConstant(m, "BF16", BF16) ||
+        PyModule_AddIntConstant(m, "I64", I64) || PyModule_AddIntConstant(m, "I32", I32) ||
+        PyModule_AddIntConstant(m, "I16", I16) || PyModule_AddIntConstant(m, "I8", I8) ||
+        PyModule_AddIntConstant(m, "U8", U8)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

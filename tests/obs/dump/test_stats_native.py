@@ -1,0 +1,192 @@
+"""The C statistics pass agrees with the torch path (dtypes, special values, layouts), and the torch path stands in
+when the extension is absent."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from obs.dump import stats
+
+native = pytest.importorskip("obs.dump._stats", reason="the C extension is not built")
+
+ALL = ("max", "min", "avg", "count", "l2norm", "nan count", "positive inf count", "negative inf count",
+       "zero count", "positive zero count", "negative zero count")
+COUNTS = {"count", "nan count", "positive inf count", "negative inf count", "zero count", "positive zero count",
+          "negative zero count"}
+#: relative tolerance of avg and l2norm: the torch path rounds to the dtype (float16's sum is a float16)
+RTOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def both(tensor, categories=ALL):
+    """(C pass, torch path) of ``tensor``: the C pass must have taken it."""
+    assert stats._native_values(tensor, True) is not None, "the C pass declined this tensor"
+    run = stats.compile_statistics(tuple(categories))
+    got = dict(zip(categories, run(tensor)))
+    saved = stats.native
+    stats.native = None
+    try:
+        want = dict(zip(categories, run(tensor)))
+    finally:
+        stats.native = saved
+    return got, want
+
+
+def agree(got, want, dtype):
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if key in COUNTS or value is None:
+            assert got[key] == value, key
+            assert got[key] is None or type(got[key]) is int, key
+        elif key in ("max", "min"):
+            assert got[key] == value, key  # an element, exactly
+        elif math.isnan(value):
+            assert math.isnan(got[key]), key
+        else:
+            assert got[key] == pytest.approx(value, rel=RTOL.get(dtype, 1e-12), abs=1e-12), key
+
+
+def sample(dtype, n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return (torch.randn(n, generator=gen, dtype=torch.float64) * 30).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=gen).bool()
+    info = torch.iinfo(dtype)
+    return torch.randint(max(info.min, -1000), min(info.max, 1000), (n,), generator=gen).to(dtype)
+
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [0, 1, 7, 255, 256, 257, 1023, 1025, 40_000])
+def test_every_dtype_and_length_agrees_with_torch(dtype, n):
+    t = sample(dtype, n, seed=n)
+    if n > 3 and dtype.is_floating_point:
+        t[1], t[2] = 0.0, -0.0
+    got, want = both(t)
+    agree(got, want, dtype)
+    assert got["count"] == n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("where", ["start", "block", "tail"])
+@pytest.mark.parametrize("specials", [("nan",), ("inf",), ("-inf",), ("nan", "inf", "-inf"), ("inf", "-inf")])
+def test_nan_and_inf_are_counted_exactly_and_left_out_of_min_max_avg(dtype, where, specials):
+    t = sample(dtype, 3000)
+    at = {"start": 0, "block": 600, "tail": 2999}[where]
+    for i, s in enumerate(specials):
+        t[(at + 7 * i) % 3000] = float(s)
+    got, want = both(t)
+    agree(got, want, dtype)
+    assert got["nan count"] == specials.count("nan") and got["positive inf count"] == specials.count("inf")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_no_finite_element_leaves_max_min_avg_empty(dtype):
+    for fill in ("nan", "inf"):
+        got, want = both(torch.full((700,), float(fill), dtype=dtype))
+        agree(got, want, dtype)
+        assert got["max"] is got["min"] is got["avg"] is None
+
+
+def test_float16_subnormals_and_extremes_convert_exactly():
+    bits = torch.tensor([0x0001, 0x03FF, 0x0400, 0x7BFF, 0x8001, 0xFBFF, 0x3C00, 0x8000, 0x0000] * 40,
+                        dtype=torch.int32).to(torch.int16).view(torch.float16)
+    got, want = both(bits)
+    assert want.pop("l2norm") == math.inf  # torch's float16 norm overflows; the C pass's does not
+    assert got.pop("l2norm") == pytest.approx(torch.linalg.vector_norm(bits.double()).item(), rel=1e-6)
+    agree(got, want, torch.float16)
+    assert got["max"] == 65504.0 and got["min"] == -65504.0
+    assert got["negative zero count"] == 40 and got["zero count"] == 80
+
+
+def test_integer_zeros_are_not_confused_with_the_most_negative_value():
+    for dtype in (torch.int64, torch.int32, torch.int16, torch.int8):
+        info = torch.iinfo(dtype)
+        t = torch.tensor([0, info.min, info.max, 0, -1] * 300, dtype=dtype)
+        got, want = both(t)
+        assert got.pop("avg") == -0.4  # an exact sum (torch's float64 sum of int64 extremes is not)
+        want.pop("avg")
+        agree(got, want, dtype)
+        assert got["zero count"] == 600 and got["negative zero count"] == 0
+    got, want = both(torch.tensor([0, 128, 255] * 300, dtype=torch.uint8))
+    agree(got, want, torch.uint8)
+    assert got["zero count"] == 300 and got["min"] == 0 and got["max"] == 255
+
+
+def test_large_integers_take_the_exact_double_path():
+    t = torch.tensor([2**40, -(2**40), 3, 2**30] * 600, dtype=torch.int64)
+    got, want = both(t)
+    agree(got, want, torch.int64)
+    assert got["avg"] == pytest.approx((3 + 2**30) / 4)
+
+
+def test_finite_values_whose_squares_overflow_float32_keep_their_norm():
+    """torch's float32 norm of 1e20 is inf; the C pass sums squares in double and stays exact."""
+    t = torch.full((1000,), 1e20, dtype=torch.float32)
+    got = dict(zip(ALL, stats.statistics(t, ALL)))
+    assert got["l2norm"] == pytest.approx(math.sqrt(1000) * float(t[0]), rel=1e-6)
+    assert got["nan count"] == got["positive inf count"] == 0
+    assert got["avg"] == pytest.approx(float(t[0]), rel=1e-6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(4, 1, 6).expand(4, 50, 6),                        # stride 0: values repeat
+    lambda: torch.randn(30, 40).t(),                                      # permuted: dense, read as it lies
+    lambda: torch.randn(8, 16, 5, 5).to(memory_format=torch.channels_last),
+    lambda: torch.randn(30, 40)[:, ::3],                                  # sliced: copied first
+    lambda: torch.randn(30, 40)[5:9],
+    lambda: torch.randn(3, 4)[0, 0],                                      # zero-dim view
+    lambda: torch.empty(0, 5),
+    lambda: torch.randn(5, 1, 3).expand(5, 0, 3),
+], ids=["expanded", "transposed", "channels_last", "strided", "narrowed", "scalar", "empty", "empty-expanded"])
+def test_layouts_agree_with_torch(make):
+    t = make()
+    got, want = both(t)
+    agree(got, want, t.dtype)
+    assert got["count"] == t.numel()
+
+
+def test_other_tensors_take_the_torch_path():
+    declined = [torch.randn(6, dtype=torch.complex64), torch.randn(6).to_sparse(), torch.randn(6, device="meta"),
+                torch._neg_view(torch.randn(6)), torch.randn(6).to(torch.uint16)]
+    for t in declined:
+        assert stats._native_values(t, True) is None
+    values = stats.statistics(torch._neg_view(torch.tensor([1.0, 2.0, -3.0])), ["max", "min"])
+    assert values == [3.0, -2.0]
+
+
+def test_parameters_and_tensors_requiring_grad_take_the_c_pass():
+    p = torch.nn.Parameter(torch.randn(300))
+    got, want = both(p)
+    agree(got, want, torch.float32)
+
+
+def test_the_torch_path_stands_in_without_the_extension(monkeypatch):
+    t = torch.tensor([1.5, float("nan"), -2.0, 0.0, -0.0, float("inf")])
+    with_c = stats.statistics(t, ALL)
+    monkeypatch.setattr(stats, "native", None)
+    without = stats.statistics(t, ALL)
+    assert with_c[:2] == without[:2] == [1.5, -2.0]  # over the finite elements
+    assert with_c[2] == pytest.approx(without[2]) == -0.125
+    assert with_c[3] == without[3] == 6
+    assert math.isnan(with_c[4]) and math.isnan(without[4])  # the norm of all elements
+    assert with_c[5:] == without[5:] == [1, 1, 0, 2, 1, 1]
+
+
+def test_bad_arguments_are_refused():
+    t = torch.randn(4)
+    with pytest.raises(ValueError):
+        native.reduce(t.data_ptr(), 4, 99, False)
+    with pytest.raises(ValueError):
+        native.reduce(t.data_ptr(), -1, native.F32, False)
+    with pytest.raises(ValueError):
+        native.reduce(0, 4, native.F32, False)
+    with pytest.raises(TypeError):
+        native.reduce(t.data_ptr(), 4)
+    assert native.reduce(0, 0, native.F32, True)[4:] == (0, 0, 0, 0, 0)
