@@ -1,7 +1,10 @@
-"""Only the C hot path of the recorder lives here; everything else is in pyproject.toml."""
+"""Only the C extensions live here (the recorder's hot path, the dump's statistics); everything else is in
+pyproject.toml."""
 
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("recorder._hotpath", ["recorder/_hotpath.c", "recorder/_shared.c"], optional=True,
                              depends=["recorder/_shared.h"],
-                             extra_compile_args=["-O2"])])
+                             extra_compile_args=["-O2"]),
+                   Extension("obs.dump._stats", ["obs/dump/_stats.c"], optional=True,
+                             extra_compile_args=["-O3"])])
