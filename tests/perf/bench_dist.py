@@ -14,6 +14,8 @@ DistributedDataParallel model; in each round both switch between variants in the
 - ``DDP relay, obs off``: a model with obs's comm-hook relay (the fallback where the Flight Recorder
   does not record the group), obs off: PyTorch's allreduce_hook in Python, the relay's own cost.
 - ``rdr step, relay (fallback)``: the relay recording each bucket (scheduled and completed).
+- ``plain, TORCH_FR_BUFFER_SIZE=0``: on one rank, jobs of their own beside the others (the buffer size
+  is read when the group is made): what the Flight Recorder itself costs, obs or not.
 
 Each job reports rank 0's median step time per variant; the table is the median over ``--jobs`` jobs.
 The same loop on one rank (a world of 1: DDP still reduces through gloo) shows the per-step cost
@@ -99,6 +101,13 @@ def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     tmp = tempfile.mkdtemp(prefix=f"obs-bench-dist-{rank}-")
     plain = _workload(torch.nn.parallel.DistributedDataParallel(_model(0)), "plain")
+    if os.environ.get("TORCH_FR_BUFFER_SIZE") == "0":  # the Flight Recorder's own cost: plain PyTorch without it
+        medians = measure(plain, {"plain": lambda: (lambda: None)}, rounds)
+        if rank == 0:
+            with open(out, "w") as fh:
+                json.dump({"medians": medians}, fh)
+        dist.destroy_process_group()
+        return
     stop = _rdr(tmp, "step")()
     built = torch.nn.parallel.DistributedDataParallel(_model(0))  # built while recording: no relay (Flight Recorder)
     DdpHooks.use_flight_recorder = False
@@ -145,6 +154,27 @@ def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) 
     dist.destroy_process_group()
 
 
+FR_OFF = "plain, TORCH_FR_BUFFER_SIZE=0 (own jobs)"
+
+
+def _job(world: int, args: argparse.Namespace, *, fr_off: bool = False) -> dict:
+    tmp = tempfile.mkdtemp(prefix="obs-bench-dist-")
+    result = os.path.join(tmp, "result.json")
+    saved = os.environ.get("TORCH_FR_BUFFER_SIZE")
+    if fr_off:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
+    try:
+        mp.spawn(_rank, args=(world, os.path.join(tmp, "store"), args.rounds, args.steps, result), nprocs=world,
+                 join=True)
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+        else:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = saved
+    with open(result) as fh:
+        return json.load(fh)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
@@ -154,18 +184,18 @@ def main() -> None:
     args = parser.parse_args()
     results, per_job, events, boundary = {}, {}, [], {}
     for world in (1, WORLD):
-        jobs = []
+        jobs, without_fr = [], []
         for job in range(args.jobs):
-            tmp = tempfile.mkdtemp(prefix="obs-bench-dist-")
-            result = os.path.join(tmp, "result.json")
-            mp.spawn(_rank, args=(world, os.path.join(tmp, "store"), args.rounds, args.steps, result), nprocs=world,
-                     join=True)
-            with open(result) as fh:
-                jobs.append(json.load(fh))
+            jobs.append(_job(world, args))
             print(f"{world} rank(s), job {job + 1}/{args.jobs}: "
                   + "  ".join(f"{k} {v:.3f} ms" for k, v in jobs[-1]["medians"].items()))
+            if world == 1:  # beside each job, one whose process group has no Flight Recorder
+                without_fr.append(_job(world, args, fr_off=True)["medians"]["plain"])
+                print(f"  plain, TORCH_FR_BUFFER_SIZE=0: {without_fr[-1]:.3f} ms")
         name = f"ddp mlp, {world} rank{'s' if world > 1 else ''}"
         results[name] = {v: statistics.median(j["medians"][v] for j in jobs) for v in jobs[0]["medians"]}
+        if without_fr:
+            results[name][FR_OFF] = statistics.median(without_fr)
         per_job[name] = [j["medians"] for j in jobs]
         events = jobs[0]["bucket_records_per_step"]
         boundary[name] = statistics.median(j["step_boundary_us"] for j in jobs)
