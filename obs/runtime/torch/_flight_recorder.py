@@ -97,6 +97,8 @@ def add_to_bundle(files: dict[str, Any]) -> int:
     from recorder.flight_recorder import entry_record, merge_entries
 
     _remember()
+    if not _default_name:  # no process group was seen: nothing PyTorch issued (and no buffer made early)
+        return 0
     dump = _dump()
     status = dump.get("pg_status") or {}
     default = _default_name[0] if _default_name else None
