@@ -3,7 +3,8 @@ pyproject.toml."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("recorder._hotpath", ["recorder/_hotpath.c", "recorder/_shared.c"], optional=True,
+setup(ext_modules=[Extension("recorder._hotpath",
+                             ["recorder/_hotpath.c", "recorder/_shared.c", "recorder/_module_call.c"], optional=True,
                              depends=["recorder/_shared.h"],
                              extra_compile_args=["-O2"]),
                    Extension("obs.dump._stats", ["obs/dump/_stats.c"], optional=True,

@@ -446,7 +446,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (shared_add_to_module(m) < 0) {
+    if (shared_add_to_module(m) < 0 || module_call_add_to_module(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -35,4 +35,7 @@ void obs_scope_pop(void);
 /* The functions and types the shared part adds to the _hotpath module. */
 int shared_add_to_module(PyObject *module);
 
+/* The C nn.Module.__call__ (recorder/_module_call.c) adds its functions to the _hotpath module. */
+int module_call_add_to_module(PyObject *module);
+
 #endif

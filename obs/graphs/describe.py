@@ -164,6 +164,8 @@ def _components(path: str) -> tuple[list[str], str]:
         root = m.group(1) or m.group(2) or ""
         path = path[m.end():]
     out = [next(g for g in t if g) for t in _TOKEN.findall(path)]
+    while out and out[0] == "__self__":  # L['fn'].__self__: the module whose bound C __call__ was compiled
+        out = out[1:]
     return [c for c in out if c not in _CONTAINERS], root
 
 

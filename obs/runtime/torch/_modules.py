@@ -2,7 +2,10 @@
 
 While someone subscribes to module events, ``torch.nn.Module.__call__`` is wrapped: this keeps
 PyTorch's hook-free fast path, where global forward hooks force every module call through the
-slow path (``tests/perf/bench_overhead.py`` measures both).  A root module (entered with nothing
+slow path (``tests/perf/bench_overhead.py`` measures both).  The wrapper is C
+(``recorder/_module_call.c``, no Python frame per module call) where the recorder's C hot path is
+built, and the Python ``obs_module_call`` below otherwise (``OBS_RDR_PURE_PYTHON=1``); both do the
+same, in the same order.  A root module (entered with nothing
 on this thread's stack) names every submodule once from ``named_modules()``:
 ``Default/net-Net/fc1-Linear`` (``Default/net/fc1`` without class names).  A module wrapped by
 ``torch.compile`` (``OptimizedModule``) is named after the module it wraps: ``Default/net-Net``,
@@ -11,9 +14,9 @@ with no ``_orig_mod`` level.
 The first module call with grad enabled outside a step opens the step; a forward under
 ``torch.no_grad()`` / ``torch.inference_mode()`` between steps (evaluation) opens none.
 
-The wrapper leaves no frame in a user's traceback: it inlines PyTorch's ``_wrapped_call_impl``
-(two lines) and, when an exception passes through, drops its own entry from the traceback before
-a bare ``raise`` (which, unlike ``raise exc``, adds no entry).  A module level then shows torch's
+The wrapper leaves no frame in a user's traceback: the C one has none; the Python one inlines
+PyTorch's ``_wrapped_call_impl`` (two lines) and, when an exception passes through, drops its own
+entry from the traceback before a bare ``raise`` (which, unlike ``raise exc``, adds no entry).  A module level then shows torch's
 ``_call_impl`` and the ``forward``, one frame fewer than without obs.  Debuggers walking the
 traceback (``pdb.post_mortem``) skip it too; ``sys._getframe()`` stacks still show it, as
 ``_modules.py ... in obs_module_call``.
@@ -129,6 +132,7 @@ class ModuleHooks:
         self.enter: tuple[Any, ...] = ()
         self.exit: tuple[Any, ...] = ()
         self.phase: tuple[Any, ...] = ()
+        self._c: _CModuleCall | None = None
         self.refresh()
         hooks, original = self, torch.nn.Module.__call__
         self._original = original
@@ -152,11 +156,15 @@ class ModuleHooks:
                 tracker.auto_begin()
             # A root call with grad enabled is the step's forward phase (PHASE subscribers: the profiler).
             began = clock() if root and hooks.phase and grad_enabled() else 0
-            for handler in hooks.enter:
-                try:
-                    handler(scope, module)
-                except Exception as exc:
-                    report_internal_error("MODULE_ENTER handler", exc)
+            try:
+                for handler in hooks.enter:
+                    try:
+                        handler(scope, module)
+                    except Exception as exc:
+                        report_internal_error("MODULE_ENTER handler", exc)
+            except BaseException:  # raise mode (tests): the handler's error leaves, our stack entry with it
+                stack.pop()
+                raise
             error: BaseException | None = None
             try:
                 if not inline:
@@ -185,13 +193,53 @@ class ModuleHooks:
                     _fault(scope, error)
                     error = None  # break the frame <-> traceback cycle
 
-        torch.nn.Module.__call__ = obs_module_call  # type: ignore[method-assign]
+        self._c = _c_module_call(original, inline, keep)
+        if self._c is not None:
+            self._c.set_module_handlers(self.enter, self.exit, self.phase)
+            torch.nn.Module.__call__ = self._c.descriptor  # type: ignore[method-assign]
+        else:
+            torch.nn.Module.__call__ = obs_module_call  # type: ignore[method-assign]
 
     def refresh(self) -> None:
         self.enter = bus.handlers(Event.MODULE_ENTER)
         self.exit = bus.handlers(Event.MODULE_EXIT)
         self.phase = bus.handlers(Event.PHASE)
+        if self._c is not None:
+            self._c.set_module_handlers(self.enter, self.exit, self.phase)
 
     def remove(self) -> None:
         torch.nn.Module.__call__ = self._original  # type: ignore[method-assign]
+        if self._c is not None:
+            self._c.uninstall_module_call()
         _scopes.clear()
+
+
+class _CModuleCall:
+    """The C ``Module.__call__`` of ``recorder._hotpath``, configured with this module's helpers."""
+
+    def __init__(self, hot: Any, descriptor: Any) -> None:
+        self.descriptor = descriptor
+        self.set_module_handlers = hot.set_module_handlers
+        self.uninstall_module_call = hot.uninstall_module_call
+
+
+def _c_module_call(original: Any, inline: bool, keep: bool) -> _CModuleCall | None:
+    """Install the C wrapper, or None where the C hot path is not built or ``OBS_RDR_PURE_PYTHON=1``."""
+    from recorder.handlers import hotpath
+
+    hot = hotpath()
+    if hot is None or not hasattr(hot, "install_module_call"):
+        return None
+    import torch.compiler
+
+    from obs._core.internal import report_internal_error as report
+    from obs.runtime.torch._dynamo_polyfill import teach_dynamo
+
+    descriptor = hot.install_module_call(
+        module_type=torch.nn.Module, original=original, inline=inline, state=SUPPRESSION,
+        compiler_globals=vars(torch.compiler), scopes=_scopes,
+        scope_of=lambda module, stack: _scope_of(module, stack, keep), tracker=tracker,
+        auto_begin=tracker.auto_begin, grad_enabled=torch.is_grad_enabled, report=report, on_phase=_phase,
+        on_fault=_fault, on_failed=_failed, hook_globals=globals())
+    teach_dynamo(descriptor, original)
+    return _CModuleCall(hot, descriptor)

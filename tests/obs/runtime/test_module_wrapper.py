@@ -1,14 +1,27 @@
-"""The ``nn.Module.__call__`` wrapper: scopes under torch.compile, and what a user's traceback shows."""
+"""The ``nn.Module.__call__`` wrapper, C (recorder/_module_call.c) and Python: scopes under torch.compile, what a
+user's traceback shows, and the same events in the same order from both."""
 
 from __future__ import annotations
 
+import inspect
 import traceback
 
 import pytest
 import torch
 
 import obs
+from obs._core.internal import suppressed
 from obs.runtime.torch import _modules
+from recorder.handlers import hotpath
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def impl(request, monkeypatch):
+    """Every test runs on the C wrapper (where the hot path is built) and on the Python one."""
+    if request.param == "c" and (hotpath() is None or not hasattr(hotpath(), "install_module_call")):
+        pytest.skip("the C hot path is not built (or OBS_RDR_PURE_PYTHON=1)")
+    monkeypatch.setenv("OBS_RDR_PURE_PYTHON", "1" if request.param == "python" else "0")
+    return request.param
 
 
 class Block(torch.nn.Module):
@@ -149,3 +162,115 @@ def test_a_module_patched_call_before_obs_is_still_called(monkeypatch):
     with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
         torch.nn.Linear(2, 2)(torch.ones(1, 2))
     assert calls == ["Linear"] and torch.nn.Module.__call__ is theirs
+
+
+# -- the C wrapper and the Python one publish the same events ------------------------------------
+
+class Kw(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+
+    def forward(self, x, *, scale=1.0, fail=False):
+        if fail:
+            raise ValueError("planted")
+        return self.inner(x) * scale
+
+
+def record(run):
+    """Every module, phase, step and fault event ``run`` causes, in order (timestamps dropped)."""
+    events = []
+    subs = [obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: events.append(("enter", scope))),
+            obs.subscribe(obs.Event.MODULE_EXIT,
+                          lambda scope, module, error: events.append(("exit", scope, type(error).__name__))),
+            obs.subscribe(obs.Event.PHASE, lambda name, begin, end: events.append(("phase", name, end >= begin))),
+            obs.subscribe(obs.Event.STEP_BEGIN, lambda step: events.append(("step", step))),
+            obs.subscribe(obs.Event.FAULT, lambda kind, detail, error: events.append(("fault", kind, detail)))]
+    try:
+        run()
+    finally:
+        for sub in subs:
+            sub.remove()
+    return events
+
+
+def training(model_type=Kw):
+    model = model_type()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def run():
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(2, 4), scale=2.0).sum().backward()
+            opt.step()
+        with torch.no_grad():
+            model(torch.randn(2, 4))  # evaluation: no step, no forward phase
+        with pytest.raises(ValueError, match="planted"):
+            model(torch.randn(2, 4), fail=True)
+    return run
+
+
+def test_the_event_sequence_is_the_same_on_both_wrappers(impl, monkeypatch):
+    events = record(training())
+    monkeypatch.setenv("OBS_RDR_PURE_PYTHON", "1" if impl == "c" else "0")
+    obs.bus.clear()
+    from obs.runtime.steps import tracker
+
+    tracker.reset()
+    assert record(training()) == events
+    assert events[:4] == [("step", 1), ("enter", "Default/net-Kw"), ("enter", "Default/net-Kw/inner-Linear"),
+                          ("exit", "Default/net-Kw/inner-Linear", "NoneType")]
+    assert ("phase", "forward", True) in events and ("fault", "module_error", "Default/net-Kw") in events
+    assert events.count(("step", 3)) == 1  # the failing call with grad on opened the third step
+
+
+def test_the_c_wrapper_replaces_module_call_while_module_events_are_wanted(impl):
+    original = torch.nn.Module.__call__
+    with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
+        wrapper = torch.nn.Module.__call__
+        assert type(wrapper).__name__ == ("method_descriptor" if impl == "c" else "function")
+        params = inspect.signature(torch.nn.Linear(2, 2)).parameters.values()
+        assert [p.kind.name for p in params] == ["VAR_POSITIONAL", "VAR_KEYWORD"]
+    assert torch.nn.Module.__call__ is original
+
+
+def test_suppressed_calls_publish_nothing_and_keep_their_result():
+    seen = []
+    model = Kw()
+    x = torch.randn(2, 4)
+    with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: seen.append(scope)):
+        with suppressed():
+            out = model(x, scale=3.0)
+    assert seen == [] and torch.equal(out, model.inner(x) * 3.0)
+
+
+def test_failure_hooks_get_the_failing_calls_own_arguments(monkeypatch):
+    got = []
+    monkeypatch.setattr(_modules, "failure_hooks", (lambda error, kind, scope, args, kwargs, module:
+                                                    got.append((type(error).__name__, kind, scope, len(args),
+                                                                sorted(kwargs), type(module).__name__)),))
+    with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
+        with pytest.raises(ValueError):
+            Kw()(torch.randn(2, 4), fail=True, scale=1.0)
+    assert got == [("ValueError", "module", "Default/net-Kw", 1, ["fail", "scale"], "Kw")]
+
+
+def test_a_failing_handler_is_reported_and_the_stack_stays_balanced():
+    from obs._core.internal import SUPPRESSION
+
+    def broken(scope, module):
+        raise KeyError("handler bug")
+
+    with obs.subscribe(obs.Event.MODULE_ENTER, broken):
+        with pytest.raises(KeyError, match="handler bug"):  # the test suite's raise mode
+            Kw()(torch.randn(2, 4))
+    assert SUPPRESSION.stack == []
+
+
+def test_a_compiled_model_has_no_graph_break_at_its_module_calls():
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    scopes_of(torch.compile(Net(), backend="eager"))
+    assert not counters["graph_break"], dict(counters["graph_break"])
