@@ -54,9 +54,9 @@ def cnn() -> Workload:
     return Workload("cnn", step, 12)
 
 
-def measure(workload: Workload, variants: dict[str, Setup], rounds: int) -> dict[str, float]:
-    """Median step time (ms) per variant; variants rotate order every round to spread drift."""
-    samples: dict[str, list[float]] = {name: [] for name in variants}
+def measure_rounds(workload: Workload, variants: dict[str, Setup], rounds: int) -> dict[str, list[float]]:
+    """Per variant, the median step time (ms) of each round; variants rotate order every round to spread drift."""
+    samples: dict[str, list[list[float]]] = {name: [] for name in variants}
     names = list(variants)
     for _ in range(3):
         workload.step()  # warm-up: allocator, thread pools
@@ -64,30 +64,52 @@ def measure(workload: Workload, variants: dict[str, Setup], rounds: int) -> dict
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             teardown = variants[name]()
+            times = []
             try:
                 workload.step()
                 for _ in range(workload.steps_per_round):
                     t0 = time.perf_counter_ns()
                     workload.step()
-                    samples[name].append((time.perf_counter_ns() - t0) / 1e6)
+                    times.append((time.perf_counter_ns() - t0) / 1e6)
             finally:
                 teardown()
-    return {name: statistics.median(values) for name, values in samples.items()}
+            samples[name].append(times)
+    return {name: [statistics.median(times) for times in per_round] for name, per_round in samples.items()}
+
+
+def measure(workload: Workload, variants: dict[str, Setup], rounds: int) -> dict[str, float]:
+    """Median step time (ms) per variant: the median of its rounds' medians."""
+    return {name: statistics.median(values) for name, values in measure_rounds(workload, variants, rounds).items()}
+
+
+def paired_ratios(per_round: dict[str, list[float]], baseline: str) -> dict[str, float]:
+    """Per variant, the median over rounds of (its round median / the baseline's in the same round): the
+    machine's drift between rounds cancels, as each round times every variant within a second."""
+    base = per_round[baseline]
+    return {name: statistics.median(v / b for v, b in zip(values, base)) for name, values in per_round.items()}
 
 
 def report(title: str, results: dict[str, dict[str, float]], baseline: str, out: str,
-           extra: dict[str, object] | None = None) -> dict[str, object]:
+           extra: dict[str, object] | None = None,
+           paired: dict[str, dict[str, float]] | None = None) -> dict[str, object]:
+    """Print and write the table: median ms, ratio of medians and, where given, the paired round ratio."""
     data: dict[str, object] = {
         "benchmark": title, "torch": torch.__version__, "python": platform.python_version(),
         "machine": platform.machine(), "threads": torch.get_num_threads(), "results": {}}
-    print(f"{title}  (median ms per step; ratio vs {baseline})")
-    print(f"{'workload':<8} {'variant':<28} {'ms/step':>9} {'ratio':>8}")
+    print(f"{title}  (median ms per step; ratio vs {baseline}" + ("; paired: median of per-round ratios)" if paired
+                                                                  else ")"))
+    print(f"{'workload':<8} {'variant':<28} {'ms/step':>9} {'ratio':>8}" + (f" {'paired':>8}" if paired else ""))
     for workload, medians in results.items():
         base = medians[baseline]
+        pairs = (paired or {}).get(workload, {})
         rows = {}
         for variant, ms in medians.items():
             rows[variant] = {"median_ms": round(ms, 4), "ratio": round(ms / base, 4)}
-            print(f"{workload:<8} {variant:<28} {ms:>9.3f} {ms / base:>8.3f}")
+            line = f"{workload:<8} {variant:<28} {ms:>9.3f} {ms / base:>8.3f}"
+            if variant in pairs:
+                rows[variant]["paired_ratio"] = round(pairs[variant], 4)
+                line += f" {pairs[variant]:>8.3f}"
+            print(line)
         data["results"][workload] = rows  # type: ignore[index]
     data.update(extra or {})
     with open(out, "w") as fh:

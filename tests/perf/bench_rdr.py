@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import obs  # noqa: E402
-from _harness import Workload, cnn, in_processes, measure, median_ratios, mlp, pin_to_one_core  # noqa: E402
+from _harness import (Workload, cnn, in_processes, measure_rounds, median_ratios, mlp, paired_ratios,  # noqa: E402
+                      pin_to_one_core)
 
 TMP = tempfile.mkdtemp(prefix="obs-bench-rdr-")
 
@@ -187,7 +188,9 @@ def child(rounds: int) -> dict[str, object]:
     torch.manual_seed(0)
     out: dict[str, object] = {}
     for workload in (mlp(), cnn()):
-        out[workload.name] = measure(workload, VARIANTS, rounds)
+        per_round = measure_rounds(workload, VARIANTS, rounds)
+        out[workload.name] = {name: statistics.median(values) for name, values in per_round.items()}
+        out[f"{workload.name} paired"] = paired_ratios(per_round, "plain")
         out[f"{workload.name} ops"] = {"dispatch": ops_per_step(workload), "native": native_ops_per_step(workload)}
     out["op record"] = op_record_cost(max(3, rounds // 2))
     out["module record"] = module_record_cost(max(3, rounds // 2))
@@ -211,6 +214,7 @@ def main() -> None:
     runs = in_processes(__file__, ["--rounds", str(args.rounds)], args.processes)
     steps = [{w: run[w] for w in ("mlp", "cnn")} for run in runs]
     ratios = median_ratios(steps, "plain")
+    paired = {w: {v: statistics.median(run[f"{w} paired"][v] for run in runs) for v in runs[0][w]} for w in steps[0]}
     # What one op record costs: a torch.add loop with op recording over the same loop at module granularity.
     per_op = {v: statistics.median(run["op record"][v] - run["op record"]["rdr module"] for run in runs)
               for v in ("rdr op, native", "rdr op, dispatch mode", "torch.profiler")}
@@ -218,9 +222,11 @@ def main() -> None:
     per_module = {v: statistics.median(run["module record"][v] - run["module record"]["plain"] for run in runs)
                   for v in ("rdr module", "rdr module, Python handlers", "reference: deque subscriber")}
     dump = {k: statistics.median(run["dump"][k] for run in runs) for k in ("events", "median_ms", "max_ms")}
-    print(f"{'variant':<32} {'mlp':>7} {'cnn':>7}   (median ratio to plain over {args.processes} processes)")
+    print(f"{'variant':<32} {'mlp':>7} {'cnn':>7} {'paired mlp':>11} {'paired cnn':>11}   (median ratio to plain "
+          f"over {args.processes} processes; paired: of per-round ratios)")
     for v in ratios["mlp"]:
-        print(f"{v:<32} {ratios['mlp'][v]:>7.3f} {ratios['cnn'][v]:>7.3f}")
+        print(f"{v:<32} {ratios['mlp'][v]:>7.3f} {ratios['cnn'][v]:>7.3f} {paired['mlp'][v]:>11.3f} "
+              f"{paired['cnn'][v]:>11.3f}")
     print(f"one op record (torch.add of 8 floats, {add_us:.2f} us plain): native +{per_op['rdr op, native']:.3f} us "
           f"(target <= 1), dispatch mode +{per_op['rdr op, dispatch mode']:.3f} us, torch.profiler "
           f"+{per_op['torch.profiler']:.3f} us; ops per step native/dispatch: mlp {runs[0]['mlp ops']}, "
@@ -228,7 +234,7 @@ def main() -> None:
     print("one module call: " + ", ".join(f"{v} +{us:.3f} us" for v, us in per_module.items()))
     print(f"dump of full default rings ({dump['events']} events): median {dump['median_ms']} ms (target <= 250)")
     data = {"benchmark": "bench_rdr", "torch": torch.__version__, "python": platform.python_version(),
-            "processes": args.processes, "rounds": args.rounds, "ratios": ratios,
+            "processes": args.processes, "rounds": args.rounds, "ratios": ratios, "paired_ratios": paired,
             "us_per_op_record": per_op, "us_per_add_plain": add_us, "us_per_module_call": per_module, "ops_per_step": {w: runs[0][f"{w} ops"] for w in ("mlp", "cnn")},
             "dump_full_rings": dump, "per_process": runs,
             "targets": {"rdr module": {"mlp": "<= 1.03", "cnn": "<= 1.01"},
