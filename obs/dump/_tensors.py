@@ -17,7 +17,10 @@ import torch
 from obs._core.internal import suppressed
 from printsink.dtypes import NAME_OF_TORCH
 
-__all__ = ["describe", "host_array", "keep_scopes", "ms_dtype", "tensors_in"]
+__all__ = ["UNINITIALISED_OPS", "describe", "host_array", "keep_scopes", "ms_dtype", "tensors_in"]
+
+#: aten ops (name prefixes) whose outputs are uninitialised memory (any bits, NaN included) until something writes them
+UNINITIALISED_OPS = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "resize")
 
 _WIDEN = {torch.bfloat16: torch.float32}
 

@@ -13,7 +13,9 @@ ops run by autograd in backward are under ``Gradients/``.  Eager PyTorch has one
 Iteration N is the N-th step (from ``initial_iteration``).  Statistics are computed when the op
 returns (later in-place writes cannot change them) and statistic.csv is written at the step's end.
 Steps outside ``iteration`` cost one flag test per op.  Slots follow argument positions: a
-non-tensor argument leaves a gap, as in the original.  With ``dump_mode`` 0 and outputs dumped,
+non-tensor argument leaves a gap, as in the original.  The outputs of ops that return uninitialised
+memory (``empty_like``: garbage that differs from run to run) are not dumped; the op that fills such a
+tensor dumps it.  With ``dump_mode`` 0 and outputs dumped,
 the root module's parameters are written as the original's ``Parameter.{name}...output.0...``
 files (and rows) when it is first called in a dumped step, before this step updates them.
 """
@@ -34,7 +36,7 @@ from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.dump._files import escape_name, inside, npy_bytes, write_new
 from obs.dump._spans import ModuleSpans
-from obs.dump._tensors import host_array, ms_dtype
+from obs.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
 from obs.dump.config import DumpConfig
 from obs.dump._rows import Op, StatisticRows
 from obs.runtime.steps import tracker
@@ -222,7 +224,7 @@ class DataDump:
             with suppressed():
                 if self._inputs:
                     self._each(op, "input", (*args, *kwargs.values()) if kwargs else args)
-                if self._outputs:
+                if self._outputs and not name.startswith(UNINITIALISED_OPS):  # garbage until written: not dumped
                     self._each(op, "output", (output if isinstance(output, (list, tuple)) else (output,),))
         except Exception as exc:
             report_internal_error("data dump op", exc)

@@ -24,17 +24,13 @@ import torch
 
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
-from obs.dump._tensors import keep_scopes, tensors_in
+from obs.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
 from obs.dump.capture import python_stack, write_capture
 from obs.dump.stats import nonfinite_counts
 from obs.runtime.steps import tracker
 from obs.settings.parallel import rank
 
 __all__ = ["NanCheck", "NonFiniteError"]
-
-
-#: ops whose outputs are uninitialised memory (any bits, NaN included) until something writes them
-_UNINITIALISED = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "resize")
 
 
 class NonFiniteError(FloatingPointError):
@@ -120,7 +116,7 @@ class NanCheck:
         return check
 
     def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
-        if self.done or self._step_reported == tracker.step or name.startswith(_UNINITIALISED):
+        if self.done or self._step_reported == tracker.step or name.startswith(UNINITIALISED_OPS):
             return
         for where, tensor in tensors_in((output,)):
             counts = nonfinite_counts(tensor)

@@ -140,6 +140,31 @@ def test_statistic_csv_header_is_byte_exact_and_in_the_users_order(tmp_path):
     assert float(fields[13]) == pytest.approx(float(x.max()))
 
 
+def test_uninitialised_outputs_are_not_dumped_but_what_fills_them_is(tmp_path):
+    """empty_like's output is whatever the allocator held (it differs between two identical runs)."""
+    class Fill(torch.nn.Module):
+        def forward(self, x):
+            return torch.empty_like(x).fill_(2.0) * x
+
+    path = tmp_path / "env.json"
+    path.write_text(json.dumps({"dump": settings(tmp_path, saved_data="full")}))
+    obs.set_context(env_config_path=str(path))
+    try:
+        Fill()(torch.randn(3, 4))
+        tracker.end()
+    finally:
+        obs.reset_context()
+        tracker.reset()
+    folder = tmp_path / "dump" / "rank_0" / "Net" / "0" / "0"
+    rows = [line.split(",")[:7] for line in (folder / "statistic.csv").read_text().splitlines()[1:]]
+    kinds = {(r[0], r[5]) for r in rows}
+    assert ("EmptyLike", "input") in kinds and ("EmptyLike", "output") not in kinds
+    assert ("Fill", "output") in kinds
+    assert not [f for f in files(folder) if f.startswith("EmptyLike.") and ".output." in f]
+    fill = next(f for f in files(folder) if f.startswith("Fill.") and ".output." in f)
+    assert (np.load(folder / fill) == 2.0).all()
+
+
 def test_kernels_by_full_name_type_and_regex(tmp_path):
     names = {parse(n)[1] for n in files(run(tmp_path / "a", dump_mode=1,
                                             kernels=["Default/net-Net/fc1-Linear/Addmm-op1"]) / "Net" / "0" / "0")}
