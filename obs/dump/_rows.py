@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from obs.dump import stats
 from obs.dump.stats import compile_statistics, csv_header
 
 __all__ = ["Op", "StatisticRows"]
@@ -57,6 +58,7 @@ class StatisticRows:
         self._rows: list[tuple[Op, str, int, list[Any]]] = []
         self._seen: dict[int, tuple[Any, int, list[Any] | None]] = {}
         self._memory: dict[tuple[Any, ...], tuple[Any, list[Any]]] = {}
+        self._dtypes: dict[torch.dtype, tuple[int, str, bool]] = {}  # itemsize, name, floating: for the C formatter
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -81,6 +83,9 @@ class StatisticRows:
             self._rows.append((op, io, slot, record))
 
     def _record(self, tensor: torch.Tensor, version: int | None) -> list[Any] | None:
+        dtype = tensor.dtype
+        if dtype not in self._dtypes:
+            self._dtypes[dtype] = (dtype.itemsize, _dtype_name(dtype), dtype.is_floating_point or dtype.is_complex)
         if tensor.layout is not torch.strided or tensor.is_meta:
             record = None
         elif version is None:
@@ -107,20 +112,32 @@ class StatisticRows:
 
     def text(self) -> str:
         """statistic.csv: the header, then one line per row, in the order they were added."""
+        native = stats.native
+        if native is not None:
+            return native.format_rows(self._rows, self.header, self._whole, self._dtypes)
+        return self.python_text()
+
+    def python_text(self) -> str:
+        """:meth:`text` without the C extension (the reference the C formatter is tested against)."""
         lines = [self.header, "\n"]
-        for (kind, name, stamp), io, slot, record in self._rows:
+        last_op, prefix = None, ""
+        for op, io, slot, record in self._rows:
+            if op is not last_op:  # an op's rows follow one another
+                last_op, prefix = op, f"{op[0]},{op[1]},0,0,{op[2]},"
             tail = record[3]
             if tail is None:
                 tail = record[3] = self._format(record)
-            lines.append(f"{kind},{name},0,0,{stamp},{io},{slot},{tail}\n")
+            lines.append(f"{prefix}{io},{slot},{tail}\n")
         return "".join(lines)
 
     def _format(self, record: list[Any]) -> str:
         """Data Size, Data Type, Shape, then the statistics: the columns after the slot."""
         values, dtype, shape = record[0], record[1], record[2]
-        integral = not (dtype.is_floating_point or dtype.is_complex)
-        size = math.prod(shape) * dtype.itemsize
-        fixed = f'{size},{_dtype_name(dtype)},"({",".join(map(str, shape))})"'
+        fixed = f'{math.prod(shape) * dtype.itemsize},{_dtype_name(dtype)},"({",".join(map(str, shape))})"'
         if not values:
             return fixed
-        return fixed + "," + ",".join([_number(v, integral and whole) for v, whole in zip(values, self._whole)])
+        if dtype.is_floating_point or dtype.is_complex:
+            numbers = [repr(v) if v.__class__ is float else "null" if v is None else str(v) for v in values]
+        else:
+            numbers = [_number(v, whole) for v, whole in zip(values, self._whole)]
+        return fixed + "," + ",".join(numbers)

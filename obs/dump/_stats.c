@@ -1,4 +1,5 @@
-/* Tensor statistics in one pass over a dense CPU buffer, for statistic.csv (obs/dump/stats.py).
+/* Tensor statistics in one pass over a dense CPU buffer, for statistic.csv (obs/dump/stats.py), and the
+ * text of statistic.csv from the rows obs/dump/_rows.py records (format_rows, at the end of this file).
  *
  * reduce(address, count, dtype_code, zeros) reads `count` elements at `address` (the caller passes
  * a live tensor's data_ptr() whose elements fill [address, address + count * itemsize)) and returns
@@ -320,9 +321,190 @@ static PyObject *m_reduce(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return Py_BuildValue("(ddddLLLLL)", r.mn, r.mx, r.sum, r.sumsq, r.nan, r.pinf, r.ninf, r.zero, r.negzero);
 }
 
+/* ---- statistic.csv text ---------------------------------------------------------------------------
+ *
+ * format_rows(rows, header, whole, dtypes) -> str: the same text as the Python formatter in
+ * obs/dump/_rows.py (which stays the reference and the fallback), without an interpreter step per
+ * field.  rows: [(op, io, slot, record)], op = (type, name, µs), record = [values, dtype, shape, text or
+ * None]; a record's text is computed once and stored back.  whole: per category, whether an integral
+ * float prints as an integer for integer tensors.  dtypes: {dtype: (itemsize, name, floating)}. */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int buf_grow(Buf *b, Py_ssize_t more) {
+    if (b->len + more <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more) cap *= 2;
+    char *data = PyMem_Realloc(b->data, cap);
+    if (data == NULL) { PyErr_NoMemory(); return -1; }
+    b->data = data; b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (buf_grow(b, n) < 0) return -1;
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+static int buf_str(Buf *b, PyObject *text) { /* a str, as UTF-8 */
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(text, &n);
+    return s == NULL ? -1 : buf_put(b, s, n);
+}
+
+static int buf_obj(Buf *b, PyObject *value) { /* str(value) */
+    PyObject *text = PyObject_Str(value);
+    if (text == NULL) return -1;
+    int rc = buf_str(b, text);
+    Py_DECREF(text);
+    return rc;
+}
+
+static int buf_number(Buf *b, PyObject *v, int whole) {
+    if (v == Py_None) return buf_put(b, "null", 4);
+    if (PyFloat_CheckExact(v)) {
+        double d = PyFloat_AS_DOUBLE(v);
+        if (whole && isfinite(d) && d == floor(d)) { /* an integer tensor's max/min: 3, not 3.0 */
+            PyObject *i = PyLong_FromDouble(d);
+            if (i == NULL) return -1;
+            int rc = buf_obj(b, i);
+            Py_DECREF(i);
+            return rc;
+        }
+        char *text = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL); /* repr() */
+        if (text == NULL) return -1;
+        int rc = buf_put(b, text, (Py_ssize_t)strlen(text));
+        PyMem_Free(text);
+        return rc;
+    }
+    if (PyLong_CheckExact(v)) {
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (!overflow && !(x == -1 && PyErr_Occurred())) {
+            char text[32];
+            int n = snprintf(text, sizeof text, "%lld", x);
+            return buf_put(b, text, n);
+        }
+        PyErr_Clear();
+    }
+    return buf_obj(b, v);
+}
+
+/* A record's text: size, dtype, "(shape)", then its statistics. */
+static PyObject *record_text(PyObject *record, PyObject *whole, PyObject *dtypes) {
+    if (!PyList_Check(record) || PyList_GET_SIZE(record) != 4) {
+        PyErr_SetString(PyExc_TypeError, "format_rows: a record is [values, dtype, shape, text]");
+        return NULL;
+    }
+    PyObject *values = PyList_GET_ITEM(record, 0), *dtype = PyList_GET_ITEM(record, 1);
+    PyObject *shape = PyList_GET_ITEM(record, 2);
+    PyObject *info = PyDict_GetItemWithError(dtypes, dtype); /* (itemsize, name, floating) */
+    if (info == NULL || !PyTuple_Check(shape) || !PyList_Check(values)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "format_rows: unknown dtype or bad record");
+        return NULL;
+    }
+    long long itemsize = PyLong_AsLongLong(PyTuple_GET_ITEM(info, 0));
+    int floating = PyObject_IsTrue(PyTuple_GET_ITEM(info, 2));
+    if ((itemsize == -1 || floating < 0) && PyErr_Occurred()) return NULL;
+    Buf b = {0};
+    char num[32];
+    long long size = itemsize;
+    Py_ssize_t dims = PyTuple_GET_SIZE(shape);
+    for (Py_ssize_t i = 0; i < dims; i++) {
+        long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+        if (d == -1 && PyErr_Occurred()) goto fail;
+        size *= d;
+    }
+    int n = snprintf(num, sizeof num, "%lld,", size);
+    if (buf_put(&b, num, n) < 0 || buf_str(&b, PyTuple_GET_ITEM(info, 1)) < 0 || buf_put(&b, ",\"(", 3) < 0)
+        goto fail;
+    for (Py_ssize_t i = 0; i < dims; i++) {
+        n = snprintf(num, sizeof num, i ? ",%lld" : "%lld", PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)));
+        if (buf_put(&b, num, n) < 0) goto fail;
+    }
+    if (buf_put(&b, ")\"", 2) < 0) goto fail;
+    Py_ssize_t count = PyList_GET_SIZE(values);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int w = !floating && i < PyList_GET_SIZE(whole) && PyObject_IsTrue(PyList_GET_ITEM(whole, i)) == 1;
+        if (buf_put(&b, ",", 1) < 0 || buf_number(&b, PyList_GET_ITEM(values, i), w) < 0) goto fail;
+    }
+    PyObject *text = PyUnicode_DecodeUTF8(b.data, b.len, "strict");
+    PyMem_Free(b.data);
+    return text;
+fail:
+    PyMem_Free(b.data);
+    return NULL;
+}
+
+static PyObject *m_format_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyUnicode_Check(args[1]) || !PyList_Check(args[2]) ||
+        !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "format_rows(rows: list, header: str, whole: list, dtypes: dict)");
+        return NULL;
+    }
+    PyObject *rows = args[0], *whole = args[2], *dtypes = args[3], *last_op = NULL;
+    Buf b = {0};
+    Py_ssize_t prefix_at = 0, prefix_len = 0;
+    char num[48];
+    if (buf_str(&b, args[1]) < 0 || buf_put(&b, "\n", 1) < 0) goto fail;
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(rows); r++) {
+        PyObject *row = PyList_GET_ITEM(rows, r);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 4) {
+            PyErr_SetString(PyExc_TypeError, "format_rows: a row is (op, io, slot, record)");
+            goto fail;
+        }
+        PyObject *op = PyTuple_GET_ITEM(row, 0), *record = PyTuple_GET_ITEM(row, 3);
+        if (op == last_op) { /* an op's rows follow one another: copy its prefix */
+            if (buf_grow(&b, prefix_len) < 0) goto fail;
+            memmove(b.data + b.len, b.data + prefix_at, prefix_len);
+            b.len += prefix_len;
+        } else {
+            if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) != 3) {
+                PyErr_SetString(PyExc_TypeError, "format_rows: an op is (type, name, stamp)");
+                goto fail;
+            }
+            last_op = op;
+            prefix_at = b.len;
+            if (buf_str(&b, PyTuple_GET_ITEM(op, 0)) < 0 || buf_put(&b, ",", 1) < 0 ||
+                buf_str(&b, PyTuple_GET_ITEM(op, 1)) < 0 || buf_put(&b, ",0,0,", 5) < 0 ||
+                buf_obj(&b, PyTuple_GET_ITEM(op, 2)) < 0 || buf_put(&b, ",", 1) < 0)
+                goto fail;
+            prefix_len = b.len - prefix_at;
+        }
+        long long slot = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 2));
+        if (slot == -1 && PyErr_Occurred()) goto fail;
+        int n = snprintf(num, sizeof num, ",%lld,", slot);
+        if (buf_str(&b, PyTuple_GET_ITEM(row, 1)) < 0 || buf_put(&b, num, n) < 0) goto fail;
+        if (!PyList_Check(record) || PyList_GET_SIZE(record) != 4) {
+            PyErr_SetString(PyExc_TypeError, "format_rows: a record is [values, dtype, shape, text]");
+            goto fail;
+        }
+        PyObject *text = PyList_GET_ITEM(record, 3);
+        if (text == Py_None) {
+            text = record_text(record, whole, dtypes);
+            if (text == NULL) goto fail;
+            PyList_SetItem(record, 3, text); /* steals the reference; the record keeps it */
+        }
+        if (buf_str(&b, text) < 0 || buf_put(&b, "\n", 1) < 0) goto fail;
+    }
+    PyObject *out = PyUnicode_DecodeUTF8(b.data, b.len, "strict");
+    PyMem_Free(b.data);
+    return out;
+fail:
+    PyMem_Free(b.data);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"reduce", (PyCFunction)(void (*)(void))m_reduce, METH_FASTCALL,
      "reduce(address, count, dtype_code, zeros) -> (min, max, sum, sumsq, nan, +inf, -inf, zero, -zero)"},
+    {"format_rows", (PyCFunction)(void (*)(void))m_format_rows, METH_FASTCALL,
+     "format_rows(rows, header, whole, dtypes) -> statistic.csv's text"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stats",

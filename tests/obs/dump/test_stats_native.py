@@ -190,3 +190,24 @@ def test_bad_arguments_are_refused():
     with pytest.raises(TypeError):
         native.reduce(t.data_ptr(), 4)
     assert native.reduce(0, 0, native.F32, True)[4:] == (0, 0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("categories", [ALL, ("max", "min", "l2norm"), ("md5", "max", "count"), ()], ids=str)
+def test_the_c_formatter_writes_statistic_csv_as_the_python_one(categories):
+    from obs.dump._rows import StatisticRows
+
+    rows = StatisticRows(categories)
+    tensors = [torch.randn(3, 4), torch.tensor([[1, -5], [7, 2**40]]), torch.tensor(3.5, dtype=torch.float64),
+               torch.tensor([float("nan")] * 3, dtype=torch.float16), torch.tensor([True, False]),
+               torch.empty(0, 2), torch.tensor([1.0, 2.0], dtype=torch.bfloat16), torch.randn(2, 2).to_sparse()]
+    for i, t in enumerate(tensors):
+        op = ("Add", f"Default_net-Net_Add-op{i}", 1_700_000_000_000_000 + i)
+        rows.add(op, "input", 0, t)
+        rows.add(op, "output", 2, t)
+    c_text = rows.text()
+    for _, _, _, record in rows._rows:
+        record[3] = None
+    assert c_text == rows.python_text()
+    lines = c_text.splitlines()
+    assert len(lines) == 1 + 2 * (len(tensors) - 1)  # the sparse tensor has no row
+    assert lines[3].startswith("Add,Default_net-Net_Add-op1,0,0,1700000000000001,input,0,32,int64,\"(2,2)\"")
