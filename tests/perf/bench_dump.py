@@ -6,8 +6,12 @@ Targets (issue 14), on the foundation's CNN step:
   OP_OUTPUT subscriber that does nothing: the same dispatch mode);
 - NaN check at module granularity: <= 1.05 over plain PyTorch;
 - exception_dump armed at module granularity, nothing failing: <= 1.02 over plain PyTorch.
-Each process is pinned to one core (one torch thread) and rotates the variants round by round (tests/perf/_harness.py);
-the figures are medians over the processes.  The MLP is shown too (many small ops: the worst case).
+Each process is pinned to one core (one torch thread) and rotates the variants within each round; a round
+times a block of steps per variant, in wall time and in the training thread's CPU time (``time.thread_time_ns``:
+what the step itself costs, without the time other tenants of a shared machine take the core away).  "ratio"
+is the median over processes of each process's median step times' ratio; "paired" the median over processes of
+the median over rounds of (variant / its baseline in the same round), which cancels the machine's drift between
+rounds.  The MLP is shown too (many small ops: the worst case).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +33,7 @@ def child(rounds: int) -> dict[str, dict[str, float]]:
     import torch
 
     import obs
-    from _harness import cnn, measure, mlp
+    from _harness import cnn, mlp, paired_ratios
 
     tmp = tempfile.mkdtemp(prefix="obs-bench-dump-")
 
@@ -60,8 +65,34 @@ def child(rounds: int) -> dict[str, dict[str, float]]:
                 "op interception alone": interception,
                 "statistic dump (every op)": with_config("stat", statistic)}
     torch.manual_seed(0)
+    results: dict[str, dict[str, float]] = {}
     try:
-        return {w.name: measure(w, variants, rounds) for w in (cnn(), mlp())}
+        for workload in (cnn(), mlp()):
+            names = list(variants)
+            wall: dict[str, list[float]] = {name: [] for name in names}
+            cpu: dict[str, list[float]] = {name: [] for name in names}
+            for _ in range(3):
+                workload.step()  # warm-up: allocator, thread pools
+            for r in range(rounds):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    teardown = variants[name]()
+                    try:
+                        workload.step()  # untimed: the first step after a switch
+                        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                        for _ in range(workload.steps_per_round):
+                            workload.step()
+                        wall[name].append((time.perf_counter_ns() - t0) / 1e6 / workload.steps_per_round)
+                        cpu[name].append((time.thread_time_ns() - c0) / 1e6 / workload.steps_per_round)
+                    finally:
+                        teardown()
+            w = workload.name
+            results[w] = {name: statistics.median(v) for name, v in wall.items()}
+            results[f"{w} (CPU time)"] = {name: statistics.median(v) for name, v in cpu.items()}
+            for label, per_round in (("", wall), (" (CPU time)", cpu)):
+                plain, dump = paired_ratios(per_round, "plain"), paired_ratios(per_round, "op interception alone")
+                results[f"{w}{label} paired"] = {**plain, "statistic dump (every op) / op interception":
+                                                 dump["statistic dump (every op)"]}
+        return results
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -74,8 +105,10 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
         import torch
+        from _harness import pin_to_one_core
+
+        pin_to_one_core()
 
         torch.set_num_threads(1)  # one core: a second intra-op thread would only wait for it (slow reductions)
         print(json.dumps(child(args.rounds)))
@@ -86,18 +119,29 @@ def main() -> None:
                              text=True, check=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"process {i + 1}/{args.processes} done", file=sys.stderr)
-    medians = {w: {v: statistics.median(run[w][v] for run in runs) for v in runs[0][w]} for w in runs[0]}
+    timed = [w for w in runs[0] if not w.endswith("paired")]
+    medians = {w: {v: statistics.median(run[w][v] for run in runs) for v in runs[0][w]} for w in timed}
     from _harness import report
 
-    ratios = {w: {"statistic dump / op interception": round(m["statistic dump (every op)"]
-                                                            / m["op interception alone"], 4),
-                  "nan_check / plain": round(m["nan_check module"] / m["plain"], 4),
-                  "exception_dump / plain": round(m["exception_dump armed"] / m["plain"], 4)}
-              for w, m in medians.items()}
-    for w, r in ratios.items():
+    def ratios(w: str) -> dict[str, float]:
+        def ratio(a: str, b: str) -> float:
+            return round(statistics.median(run[w][a] / run[w][b] for run in runs), 4)
+
+        def paired(key: str) -> float:
+            return round(statistics.median(run[f"{w} paired"][key] for run in runs), 4)
+
+        return {"statistic dump / op interception": ratio("statistic dump (every op)", "op interception alone"),
+                "statistic dump / op interception, paired": paired("statistic dump (every op) / op interception"),
+                "nan_check / plain": ratio("nan_check module", "plain"),
+                "nan_check / plain, paired": paired("nan_check module"),
+                "exception_dump / plain": ratio("exception_dump armed", "plain"),
+                "exception_dump / plain, paired": paired("exception_dump armed")}
+
+    all_ratios = {w: ratios(w) for w in timed}
+    for w, r in all_ratios.items():
         print(f"{w}: " + ", ".join(f"{k} = {v:.3f}" for k, v in r.items()))
     report("bench_dump", medians, "plain", args.out, {
-        "processes": args.processes, "rounds": args.rounds, "ratios": ratios, "per_process": runs,
+        "processes": args.processes, "rounds": args.rounds, "ratios": all_ratios, "per_process": runs,
         "targets": {"cnn": {"statistic dump / op interception": "<= 1.10", "nan_check / plain": "<= 1.05",
                             "exception_dump / plain": "<= 1.02"}}})
 
