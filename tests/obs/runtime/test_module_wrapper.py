@@ -274,3 +274,24 @@ def test_a_compiled_model_has_no_graph_break_at_its_module_calls():
     counters.clear()
     scopes_of(torch.compile(Net(), backend="eager"))
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_dynamo_imported_after_the_c_wrapper_still_traces_through_it(impl):
+    """Dynamo's first import comes after obs installed its C __call__ (a fresh process): no graph breaks."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch, obs\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "scopes = []\n"
+        "obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: scopes.append(scope))\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())\n"
+        "compiled = torch.compile(net, backend='eager')\n"
+        "compiled(torch.randn(2, 4)); compiled(torch.randn(2, 4))\n"
+        "from torch._dynamo.utils import counters\n"
+        "print(type(torch.nn.Module.__call__).__name__, dict(counters['graph_break']), sorted(set(scopes)))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    kind = "method_descriptor" if impl == "c" else "function"
+    assert out.stdout.split()[0] == kind and "{} ['Default/net-Sequential']" in out.stdout, out.stdout
