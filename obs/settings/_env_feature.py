@@ -109,6 +109,8 @@ class EnvConfigFeature:
 
     def apply_pending(self) -> None:
         """Apply the staged reload now: called between steps on the training thread."""
+        if self._pending is None:  # every step boundary: no lock unless a reload is staged (seen next time)
+            return
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
