@@ -253,6 +253,32 @@ INT_KERNEL(fast_i16, int16_t, NARROW, uint64_t, 1)
 INT_KERNEL(fast_i8, int8_t, NARROW, int32_t, 1)
 INT_KERNEL(fast_u8, uint8_t, NARROW, int32_t, 1)
 
+/* The NaN/Inf gate: the largest magnitude's bits (sign cleared) reach the exponent's all-ones pattern only
+ * for Inf and NaN.  Exact (nothing to overflow), one and + one max per element. */
+#define MAXBITS(NAME, T, MASK)                                                                       \
+    CLONES static T NAME(const T *x, Py_ssize_t n) {                                                 \
+        T top = 0;                                                                                   \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                         \
+            T u = x[i] & (T)(MASK);                                                                  \
+            top = u > top ? u : top;                                                                 \
+        }                                                                                            \
+        return top;                                                                                  \
+    }
+
+MAXBITS(maxbits64, uint64_t, 0x7fffffffffffffffull)
+MAXBITS(maxbits32, uint32_t, 0x7fffffffu)
+MAXBITS(maxbits16, uint16_t, 0x7fffu)
+
+static int all_finite(const void *p, Py_ssize_t n, int code) {
+    switch (code) {
+    case F32: return maxbits32(p, n) < 0x7f800000u;
+    case F64: return maxbits64(p, n) < 0x7ff0000000000000ull;
+    case F16: return maxbits16(p, n) < 0x7c00u;
+    case BF16: return maxbits16(p, n) < 0x7f80u;
+    default: return 1; /* integers */
+    }
+}
+
 static const int ITEMSIZE[] = {4, 8, 2, 2, 8, 4, 2, 1, 1};
 
 static void run(const void *p, Py_ssize_t n, int code, int zeros, Stats *r) {
@@ -319,6 +345,32 @@ static PyObject *m_reduce(PyObject *self, PyObject *const *args, Py_ssize_t narg
         run(p, n, (int)code, zeros, &r);
     }
     return Py_BuildValue("(ddddLLLLL)", r.mn, r.mx, r.sum, r.sumsq, r.nan, r.pinf, r.ninf, r.zero, r.negzero);
+}
+
+static PyObject *m_finite(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "finite(address, count, dtype_code) takes 3 arguments");
+        return NULL;
+    }
+    void *p = PyLong_AsVoidPtr(args[0]);
+    if (p == NULL && PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    long code = PyLong_AsLong(args[2]);
+    if (code == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || code < 0 || code > U8 || (p == NULL && n > 0)) {
+        PyErr_SetString(PyExc_ValueError, "finite: bad count, dtype code or address");
+        return NULL;
+    }
+    int ok;
+    if ((size_t)n * ITEMSIZE[code] >= (1u << 18)) {
+        Py_BEGIN_ALLOW_THREADS
+        ok = all_finite(p, n, (int)code);
+        Py_END_ALLOW_THREADS
+    } else {
+        ok = all_finite(p, n, (int)code);
+    }
+    return PyBool_FromLong(ok);
 }
 
 /* ---- statistic.csv text ---------------------------------------------------------------------------
@@ -503,6 +555,8 @@ fail:
 static PyMethodDef methods[] = {
     {"reduce", (PyCFunction)(void (*)(void))m_reduce, METH_FASTCALL,
      "reduce(address, count, dtype_code, zeros) -> (min, max, sum, sumsq, nan, +inf, -inf, zero, -zero)"},
+    {"finite", (PyCFunction)(void (*)(void))m_finite, METH_FASTCALL,
+     "finite(address, count, dtype_code) -> whether no element is NaN or Inf (the NaN check's gate)"},
     {"format_rows", (PyCFunction)(void (*)(void))m_format_rows, METH_FASTCALL,
      "format_rows(rows, header, whole, dtypes) -> statistic.csv's text"},
     {NULL, NULL, 0, NULL}};

@@ -47,6 +47,10 @@ def nonfinite_counts(tensor: torch.Tensor) -> tuple[int, int, int] | None:
     """None when every element is finite (the sum gate), else exact ``(nan, +inf, -inf)`` counts."""
     if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0:
         return None
+    if native is not None:
+        found = _native_nonfinite(tensor)
+        if found is not False:
+            return found
     with suppressed():
         t, _ = _unexpanded(tensor.detach())
         total = t.sum().item()
@@ -134,19 +138,13 @@ def _dense(t: torch.Tensor) -> bool:
 def _native_values(tensor: torch.Tensor, zeros: bool) -> tuple[Any, ...] | None:
     """The statistics of a dense CPU tensor (``_NATIVE_ORDER``) through the C pass; None when the torch path
     must do it."""
-    code = _CODES.get(tensor.dtype)
-    if code is None or not tensor.is_cpu or type(tensor) not in _PLAIN or tensor.layout is not torch.strided \
-            or tensor.is_neg():
+    t = _host_dense(tensor)
+    if t is None:
         return None
-    n = tensor.numel()
-    t, repeat = tensor, 1
-    if not t.is_contiguous():
-        t, repeat = _unexpanded(t)
-        if not _dense(t):
-            with suppressed():
-                t = t.detach().contiguous()
-    distinct = t.numel()
-    lo, hi, total, squares, nan, pos, neg, zero, negzero = native.reduce(t.data_ptr(), distinct, code, zeros)
+    n, distinct = tensor.numel(), t.numel()
+    repeat = n // distinct if distinct else 1
+    lo, hi, total, squares, nan, pos, neg, zero, negzero = native.reduce(t.data_ptr(), distinct, _CODES[t.dtype],
+                                                                         zeros)
     finite = distinct - nan - pos - neg
     if finite:
         avg = total / finite
@@ -157,6 +155,35 @@ def _native_values(tensor: torch.Tensor, zeros: bool) -> tuple[Any, ...] | None:
         return hi, lo, avg, n, norm, nan, pos, neg, zero, negzero, zero - negzero
     return (hi, lo, avg, n, norm, nan * repeat, pos * repeat, neg * repeat, zero * repeat, negzero * repeat,
             (zero - negzero) * repeat)
+
+
+def _native_nonfinite(tensor: torch.Tensor) -> tuple[int, int, int] | None | bool:
+    """The C gate on a dense CPU tensor: None when all finite, else the exact counts; False when the torch
+    path must decide."""
+    t = _host_dense(tensor)
+    if t is None:
+        return False
+    code = _CODES[t.dtype]
+    if native.finite(t.data_ptr(), t.numel(), code):
+        return None
+    repeat = tensor.numel() // t.numel()
+    _, _, _, _, nan, pos, neg, _, _ = native.reduce(t.data_ptr(), t.numel(), code, False)
+    return nan * repeat, pos * repeat, neg * repeat
+
+
+def _host_dense(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``tensor``'s distinct elements as a tensor whose memory the C pass reads in one run (itself, its
+    unexpanded view, or a contiguous copy); None for what the C pass does not take."""
+    if _CODES.get(tensor.dtype) is None or not tensor.is_cpu or type(tensor) not in _PLAIN or \
+            tensor.layout is not torch.strided or tensor.is_neg():
+        return None
+    if tensor.is_contiguous():
+        return tensor
+    t, _ = _unexpanded(tensor)
+    if not _dense(t):
+        with suppressed():
+            t = t.detach().contiguous()
+    return t
 
 
 def _add_hashes(tensor: torch.Tensor, values: dict[str, Any]) -> None:

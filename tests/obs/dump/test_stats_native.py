@@ -211,3 +211,24 @@ def test_the_c_formatter_writes_statistic_csv_as_the_python_one(categories):
     lines = c_text.splitlines()
     assert len(lines) == 1 + 2 * (len(tensors) - 1)  # the sparse tensor has no row
     assert lines[3].startswith("Add,Default_net-Net_Add-op1,0,0,1700000000000001,input,0,32,int64,\"(2,2)\"")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_the_nan_checks_c_gate_agrees_with_the_torch_gate(dtype):
+    cases = [sample(dtype, 5000), torch.full((300,), float("nan"), dtype=dtype), torch.empty(0, dtype=dtype),
+             torch.tensor([1.0, float("inf"), -float("inf"), float("nan")] * 70, dtype=dtype),
+             torch.tensor([2.0, float("nan")], dtype=dtype).reshape(2, 1).expand(2, 40),
+             torch.tensor([torch.finfo(dtype).max] * 600, dtype=dtype),  # finite: the torch sum overflows
+             sample(dtype, 900).reshape(30, 30)[:, ::2]]
+    for t in cases:
+        got = stats.nonfinite_counts(t)
+        saved, stats.native = stats.native, None
+        try:
+            want = stats.nonfinite_counts(t)
+        finally:
+            stats.native = saved
+        assert got == want
+    assert stats.nonfinite_counts(cases[3]) == (70, 70, 70)
+    assert stats.nonfinite_counts(cases[4]) == (40, 0, 0)
+    with pytest.raises(ValueError):
+        native.finite(0, 3, native.F32)
