@@ -232,3 +232,28 @@ def test_the_nan_checks_c_gate_agrees_with_the_torch_gate(dtype):
     assert stats.nonfinite_counts(cases[4]) == (40, 0, 0)
     with pytest.raises(ValueError):
         native.finite(0, 3, native.F32)
+
+
+def test_a_data_dump_through_the_torch_path_matches_the_c_path(tmp_path, monkeypatch):
+    """The same three training steps dumped twice: with the C pass, then with the extension absent."""
+    import csv
+
+    from tests.obs.dump.test_data_dump import run
+
+    categories = list(ALL)
+
+    def rows(folder):
+        out = []
+        for step in ("0", "1", "2"):
+            with open(folder / "Net" / "0" / step / "statistic.csv") as fh:
+                out += list(csv.reader(fh))[1:]
+        return out
+
+    with_c = rows(run(tmp_path / "c", steps=3, saved_data="statistic", statistic_category=categories))
+    monkeypatch.setattr(stats, "native", None)
+    without = rows(run(tmp_path / "torch", steps=3, saved_data="statistic", statistic_category=categories))
+    assert len(with_c) == len(without) > 60
+    for a, b in zip(with_c, without):
+        assert a[:4] == b[:4] and a[5:10] == b[5:10]  # names, io, slot, size, dtype, shape (not the µs)
+        for x, y in zip(a[10:], b[10:]):
+            assert x == y or float(x) == pytest.approx(float(y), rel=1e-5, abs=1e-7)
