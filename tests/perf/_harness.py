@@ -54,8 +54,12 @@ def cnn() -> Workload:
     return Workload("cnn", step, 12)
 
 
-def measure_rounds(workload: Workload, variants: dict[str, Setup], rounds: int) -> dict[str, list[float]]:
-    """Per variant, the median step time (ms) of each round; variants rotate order every round to spread drift."""
+def measure_rounds(workload: Workload, variants: dict[str, Setup], rounds: int, settle: int = 1
+                   ) -> dict[str, list[float]]:
+    """Per variant, the median step time (ms) of each round; variants rotate order every round to spread drift.
+
+    ``settle`` untimed steps follow each switch, for every variant: what a variant's start costs once (cold
+    caches, first pages of a new ring) is not a per-step cost, and a round re-creates it."""
     samples: dict[str, list[list[float]]] = {name: [] for name in variants}
     names = list(variants)
     for _ in range(3):
@@ -66,7 +70,8 @@ def measure_rounds(workload: Workload, variants: dict[str, Setup], rounds: int) 
             teardown = variants[name]()
             times = []
             try:
-                workload.step()
+                for _ in range(settle):
+                    workload.step()
                 for _ in range(workload.steps_per_round):
                     t0 = time.perf_counter_ns()
                     workload.step()
@@ -123,11 +128,23 @@ def pin_to_one_core() -> None:
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
 
 
-def in_processes(script: str, args: list[str], processes: int) -> list[dict[str, Any]]:
-    """Run ``script --child ARGS`` ``processes`` times, one after another; each prints one JSON line last."""
+#: glibc malloc kept from handing memory back to the OS.  With its defaults a CPU training step frees and
+#: re-maps its large buffers: ~1,000 minor page faults per CNN step, a count that depends on the heap's state
+#: (which any variant perturbs) and on this VM's memory reclaim, and moves a variant's ratio by several percent.
+#: The same setting holds for every variant, plain PyTorch included (PyTorch's CPU tuning guides swap the
+#: allocator for jemalloc or tcmalloc for the same reason).
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
+                 "MALLOC_TOP_PAD_": str(64 << 20)}
+
+
+def in_processes(script: str, args: list[str], processes: int, env: dict[str, str] | None = None
+                 ) -> list[dict[str, Any]]:
+    """Run ``script --child ARGS`` ``processes`` times, one after another (``env`` added to the environment);
+    each prints one JSON line last."""
     runs = []
     for i in range(processes):
-        out = subprocess.run([sys.executable, script, "--child", *args], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, script, "--child", *args], capture_output=True, text=True, check=True,
+                             env={**os.environ, **(env or {})})
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"process {i + 1}/{processes} done", file=sys.stderr)
     return runs
