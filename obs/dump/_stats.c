@@ -319,23 +319,32 @@ static void run(const void *p, Py_ssize_t n, int code, int zeros, Stats *r) {
     }
 }
 
+/* (address, count, dtype code) of a buffer argument triple; -1 with an exception when one is bad. */
+static int buffer_args(const char *fn, PyObject *const *args, void **p, Py_ssize_t *n, long *code) {
+    *p = PyLong_AsVoidPtr(args[0]);
+    if (*p == NULL && PyErr_Occurred()) return -1;
+    *n = PyLong_AsSsize_t(args[1]);
+    if (*n == -1 && PyErr_Occurred()) return -1;
+    *code = PyLong_AsLong(args[2]);
+    if (*code == -1 && PyErr_Occurred()) return -1;
+    if (*n < 0 || *code < 0 || *code > U8 || (*p == NULL && *n > 0)) {
+        PyErr_Format(PyExc_ValueError, "%s: bad count, dtype code or address", fn);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *m_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    void *p;
+    Py_ssize_t n;
+    long code;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "reduce(address, count, dtype_code, zeros) takes 4 arguments");
         return NULL;
     }
-    void *p = PyLong_AsVoidPtr(args[0]);
-    if (p == NULL && PyErr_Occurred()) return NULL;
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    long code = PyLong_AsLong(args[2]);
-    if (code == -1 && PyErr_Occurred()) return NULL;
+    if (buffer_args("reduce", args, &p, &n, &code) < 0) return NULL;
     int zeros = PyObject_IsTrue(args[3]);
     if (zeros < 0) return NULL;
-    if (n < 0 || code < 0 || code > U8 || (p == NULL && n > 0)) {
-        PyErr_SetString(PyExc_ValueError, "reduce: bad count, dtype code or address");
-        return NULL;
-    }
     Stats r;
     if ((size_t)n * ITEMSIZE[code] >= (1u << 18)) {
         Py_BEGIN_ALLOW_THREADS
@@ -348,20 +357,14 @@ static PyObject *m_reduce(PyObject *self, PyObject *const *args, Py_ssize_t narg
 }
 
 static PyObject *m_finite(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    void *p;
+    Py_ssize_t n;
+    long code;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "finite(address, count, dtype_code) takes 3 arguments");
         return NULL;
     }
-    void *p = PyLong_AsVoidPtr(args[0]);
-    if (p == NULL && PyErr_Occurred()) return NULL;
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    long code = PyLong_AsLong(args[2]);
-    if (code == -1 && PyErr_Occurred()) return NULL;
-    if (n < 0 || code < 0 || code > U8 || (p == NULL && n > 0)) {
-        PyErr_SetString(PyExc_ValueError, "finite: bad count, dtype code or address");
-        return NULL;
-    }
+    if (buffer_args("finite", args, &p, &n, &code) < 0) return NULL;
     int ok;
     if ((size_t)n * ITEMSIZE[code] >= (1u << 18)) {
         Py_BEGIN_ALLOW_THREADS
