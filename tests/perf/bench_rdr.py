@@ -188,7 +188,7 @@ def module_record_cost(rounds: int) -> dict[str, float]:
     return {name: us / 11 for name, us in costs.items()}
 
 
-def child(rounds: int) -> dict[str, object]:
+def child(rounds: int, only: list[str] | None = None) -> dict[str, object]:
     pin_to_one_core()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -196,7 +196,8 @@ def child(rounds: int) -> dict[str, object]:
     for workload in (mlp(), cnn()):
         # A recorder started by set_context runs its first ~10 MLP steps slower (cold caches, first ring pages,
         # the model's scope names): paid once by a real job, but every round here starts one.
-        per_round = measure_rounds(workload, VARIANTS, rounds, settle=SETTLE[workload.name])
+        variants = {name: VARIANTS[name] for name in (only or VARIANTS)}
+        per_round = measure_rounds(workload, variants, rounds, settle=SETTLE[workload.name])
         out[workload.name] = {name: statistics.median(values) for name, values in per_round.items()}
         out[f"{workload.name} paired"] = paired_ratios(per_round, "plain")
         out[f"{workload.name} ops"] = {"dispatch": ops_per_step(workload), "native": native_ops_per_step(workload)}
@@ -213,15 +214,21 @@ def main() -> None:
     parser.add_argument("--out", default="bench-rdr.json")
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc malloc's defaults (noisier: see _harness.STEADY_MALLOC)")
+    parser.add_argument("--variants", default="", metavar="NAME|...",
+                        help="time only these variants (plain always), e.g. 'rdr step|rdr module': a variant "
+                             "whose rounds leave state behind (torch.profiler, op observers) then cannot bias them")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    only = ["plain"] + [v for v in args.variants.split("|") if v and v != "plain"] if args.variants else None
+    if only and (unknown := [v for v in only if v not in VARIANTS]):
+        parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
     if args.child:
-        print(json.dumps(child(args.rounds)))
+        print(json.dumps(child(args.rounds, only)))
         return
     from recorder import native_ops
 
     print(f"native op observer: {native_ops.build()}", file=sys.stderr)  # built once, before timing
-    runs = in_processes(__file__, ["--rounds", str(args.rounds)], args.processes,
+    runs = in_processes(__file__, ["--rounds", str(args.rounds), "--variants", args.variants], args.processes,
                         env=None if args.default_malloc else STEADY_MALLOC)
     steps = [{w: run[w] for w in ("mlp", "cnn")} for run in runs]
     ratios = median_ratios(steps, "plain")
