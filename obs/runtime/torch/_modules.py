@@ -5,8 +5,8 @@ PyTorch's hook-free fast path, where global forward hooks force every module cal
 slow path (``tests/perf/bench_overhead.py`` measures both).  The wrapper is C
 (``recorder/_module_call.c``, no Python frame per module call) where the recorder's C hot path is
 built, and the Python ``obs_module_call`` below otherwise (``OBS_RDR_PURE_PYTHON=1``); both do the
-same, in the same order.  A root module (entered with nothing
-on this thread's stack) names every submodule once from ``named_modules()``:
+same, in the same order.  A root module (entered with nothing on this thread's stack) names every
+submodule once from ``named_modules()``:
 ``Default/net-Net/fc1-Linear`` (``Default/net/fc1`` without class names).  A module wrapped by
 ``torch.compile`` (``OptimizedModule``) is named after the module it wraps: ``Default/net-Net``,
 with no ``_orig_mod`` level.
@@ -16,10 +16,10 @@ The first module call with grad enabled outside a step opens the step; a forward
 
 The wrapper leaves no frame in a user's traceback: the C one has none; the Python one inlines
 PyTorch's ``_wrapped_call_impl`` (two lines) and, when an exception passes through, drops its own
-entry from the traceback before a bare ``raise`` (which, unlike ``raise exc``, adds no entry).  A module level then shows torch's
-``_call_impl`` and the ``forward``, one frame fewer than without obs.  Debuggers walking the
-traceback (``pdb.post_mortem``) skip it too; ``sys._getframe()`` stacks still show it, as
-``_modules.py ... in obs_module_call``.
+entry from the traceback before a bare ``raise`` (which, unlike ``raise exc``, adds no entry).  A
+module level then shows torch's ``_call_impl`` and the ``forward``, one frame fewer than without obs.
+Debuggers walking the traceback (``pdb.post_mortem``) skip it too; ``sys._getframe()`` stacks still
+show the Python one, as ``_modules.py ... in obs_module_call``.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class ModuleHooks:
         self.enter: tuple[Any, ...] = ()
         self.exit: tuple[Any, ...] = ()
         self.phase: tuple[Any, ...] = ()
-        self._c: _CModuleCall | None = None
+        self._c: Any = None  # recorder._hotpath when the C wrapper is installed
         self.refresh()
         hooks, original = self, torch.nn.Module.__call__
         self._original = original
@@ -193,10 +193,13 @@ class ModuleHooks:
                     _fault(scope, error)
                     error = None  # break the frame <-> traceback cycle
 
-        self._c = _c_module_call(original, inline, keep)
-        if self._c is not None:
+        descriptor = _install_c_module_call(original, inline, keep)
+        if descriptor is not None:
+            from recorder import _hotpath
+
+            self._c = _hotpath
             self._c.set_module_handlers(self.enter, self.exit, self.phase)
-            torch.nn.Module.__call__ = self._c.descriptor  # type: ignore[method-assign]
+            torch.nn.Module.__call__ = descriptor  # type: ignore[method-assign]
         else:
             torch.nn.Module.__call__ = obs_module_call  # type: ignore[method-assign]
 
@@ -214,17 +217,9 @@ class ModuleHooks:
         _scopes.clear()
 
 
-class _CModuleCall:
-    """The C ``Module.__call__`` of ``recorder._hotpath``, configured with this module's helpers."""
-
-    def __init__(self, hot: Any, descriptor: Any) -> None:
-        self.descriptor = descriptor
-        self.set_module_handlers = hot.set_module_handlers
-        self.uninstall_module_call = hot.uninstall_module_call
-
-
-def _c_module_call(original: Any, inline: bool, keep: bool) -> _CModuleCall | None:
-    """Install the C wrapper, or None where the C hot path is not built or ``OBS_RDR_PURE_PYTHON=1``."""
+def _install_c_module_call(original: Any, inline: bool, keep: bool) -> Any:
+    """Configure the C wrapper and return it (a method descriptor of ``Module``), or None where the C hot path
+    is not built or ``OBS_RDR_PURE_PYTHON=1``."""
     from recorder.handlers import hotpath
 
     hot = hotpath()
@@ -242,4 +237,4 @@ def _c_module_call(original: Any, inline: bool, keep: bool) -> _CModuleCall | No
         auto_begin=tracker.auto_begin, grad_enabled=torch.is_grad_enabled, report=report, on_phase=_phase,
         on_fault=_fault, on_failed=_failed, hook_globals=globals())
     teach_dynamo(descriptor, original)
-    return _CModuleCall(hot, descriptor)
+    return descriptor
