@@ -1,6 +1,7 @@
 """Cost of recording collectives on a 2-rank DDP training loop (gloo, CPU).
 
 Run: python tests/perf/bench_dist.py [--rounds 16] [--jobs 3] [--steps 40] [--out bench-dist.json]
+     python tests/perf/bench_dist.py --instructions [--out bench-dist-instructions.json]  (valgrind: see _instructions.py)
 Target (issue "Multi-rank"): recording collectives adds <= 2% per step over the same run without obs.
 
 Two ranks (torch.multiprocessing, one core each where the machine has two) train the same
@@ -161,6 +162,36 @@ def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) 
 
 
 FR_OFF = "plain, TORCH_FR_BUFFER_SIZE=0 (own jobs)"
+COUNTED = ("plain", "rdr step", "rdr module")  #: the variants whose instructions per step --instructions counts
+
+
+def _count_child(steps: int) -> None:
+    """Under callgrind (``--instructions``): a one-rank DDP job counting each variant's steps after untimed ones."""
+    from _instructions import Counter, count_steps
+
+    counter = Counter()
+    torch.set_num_threads(1)
+    logging.getLogger("obs").setLevel(logging.ERROR)
+    tmp = tempfile.mkdtemp(prefix="obs-bench-dist-count-")
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+    workload = _workload(torch.nn.parallel.DistributedDataParallel(_model(0)), "plain")
+    setups = {"plain": lambda: (lambda: None), "rdr step": _rdr(tmp, "step"), "rdr module": _rdr(tmp, "module")}
+    count_steps(counter, workload.step, {name: setups[name] for name in COUNTED}, 15, steps)
+    dist.destroy_process_group()
+    os._exit(0)  # the counts are written; skip the interpreter's slow exit under valgrind
+
+
+def _instructions(steps: int) -> dict[str, dict[str, float]]:
+    """Instructions per step of the one-rank job (every thread: the training thread's and gloo's), and the
+    ratio to plain."""
+    from _instructions import available, run_counted
+
+    why = available()
+    if why is not None:
+        raise SystemExit(f"--instructions: {why}")
+    [counts] = run_counted([[os.path.abspath(__file__), "--count-child", "--steps", str(steps)]])
+    per_step = {name: counts[name] / steps for name in COUNTED}
+    return {name: {"per_step": round(n), "ratio": round(n / per_step["plain"], 4)} for name, n in per_step.items()}
 
 
 def _job(world: int, args: argparse.Namespace, *, fr_off: bool = False) -> dict:
@@ -187,7 +218,22 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40, help="timed steps per variant per round")
     parser.add_argument("--out", default="bench-dist.json")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per step under callgrind instead (one rank; needs valgrind)")
+    parser.add_argument("--count-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.count_child:
+        _count_child(args.steps)
+    if args.instructions:
+        counted = _instructions(min(args.steps, 20))
+        print("bench_dist --instructions (gloo, DDP MLP, 1 rank; callgrind, every thread)")
+        for name, row in counted.items():
+            print(f"  {name:<12} {row['per_step']:>12,} instructions per step  {row['ratio']:.4f}")
+        with open(args.out, "w") as fh:
+            json.dump({"benchmark": "bench_dist --instructions", "torch": torch.__version__, "steps": min(args.steps, 20),
+                       "instructions": counted, "targets": {"rdr step": "<= 1.02"}}, fh, indent=2)
+        print(f"wrote {args.out}")
+        return
     results, per_job, events, boundary, paired = {}, {}, [], {}, {}
     for world in (1, WORLD):
         jobs, without_fr = [], []
