@@ -1,6 +1,7 @@
 """Cost of the Running Data Recorder on training steps, per op, and of a dump of full rings.
 
-Run: python tests/perf/bench_rdr.py [--rounds 12] [--processes 3] [--out bench-rdr.json]
+Run: python tests/perf/bench_rdr.py [--rounds 12] [--processes 3] [--out bench-rdr.json] [--variants "a|b"]
+     python tests/perf/bench_rdr.py --instructions [--variants "a|b"]  (instructions per step: _instructions.py)
 Each process is pinned to one core and times every variant in rounds alternating with plain
 PyTorch, after a few untimed steps per switch (a recorder's start is paid once in a real job); the
 table gives the median over processes of each variant's ratio to plain, and of its paired ratio
@@ -207,6 +208,50 @@ def child(rounds: int, only: list[str] | None = None) -> dict[str, object]:
     return out
 
 
+COUNTED = ("plain", "rdr step", "rdr module", "rdr op, native", "torch.profiler")  #: --instructions' default variants
+COUNTED_STEPS = {"mlp": 20, "cnn": 3}  #: a CNN step is ~11x an MLP step's instructions (and ~2 s under callgrind)
+
+
+def count_child(workload_name: str, only: list[str]) -> None:
+    """Under callgrind (``--instructions``): each variant's counted steps on one workload, after untimed ones."""
+    from _instructions import Counter, count_steps
+
+    counter = Counter()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    workload = {"mlp": mlp, "cnn": cnn}[workload_name]()
+    for _ in range(3):
+        workload.step()
+    count_steps(counter, workload.step, {name: VARIANTS[name] for name in only}, SETTLE[workload_name],
+                COUNTED_STEPS[workload_name])
+    os._exit(0)  # the counts are written; skip the interpreter's slow exit under valgrind
+
+
+def instructions(only: list[str], out: str) -> None:
+    """Instructions per step of each variant on both workloads (every thread), and the ratio to plain."""
+    from _instructions import available, run_counted
+
+    why = available()
+    if why is not None:
+        raise SystemExit(f"--instructions: {why}")
+    from recorder import native_ops
+
+    print(f"native op observer: {native_ops.build()}", file=sys.stderr)
+    names = ("mlp", "cnn")
+    counts = run_counted([[os.path.abspath(__file__), "--count-child", w, "--variants", "|".join(only)]
+                          for w in names])
+    table = {w: {v: c[v] / COUNTED_STEPS[w] for v in only} for w, c in zip(names, counts)}
+    print(f"{'variant':<34} {'mlp instr/step':>15} {'ratio':>7} {'cnn instr/step':>15} {'ratio':>7}   (callgrind)")
+    for v in only:
+        print(f"{v:<34} " + " ".join(f"{table[w][v]:>15,.0f} {table[w][v] / table[w]['plain']:>7.4f}" for w in names))
+    data = {"benchmark": "bench_rdr --instructions", "torch": torch.__version__, "steps": COUNTED_STEPS,
+            "instructions_per_step": {w: {v: round(n) for v, n in t.items()} for w, t in table.items()},
+            "ratios": {w: {v: round(n / t["plain"], 4) for v, n in t.items()} for w, t in table.items()}}
+    with open(out, "w") as fh:
+        json.dump(data, fh, indent=2)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
@@ -217,11 +262,20 @@ def main() -> None:
     parser.add_argument("--variants", default="", metavar="NAME|...",
                         help="time only these variants (plain always), e.g. 'rdr step|rdr module': a variant "
                              "whose rounds leave state behind (torch.profiler, op observers) then cannot bias them")
+    parser.add_argument("--instructions", action="store_true",
+                        help=f"count instructions per step under callgrind instead (needs valgrind; variants: "
+                             f"--variants, else {'|'.join(COUNTED)})")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--count-child", choices=("mlp", "cnn"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     only = ["plain"] + [v for v in args.variants.split("|") if v and v != "plain"] if args.variants else None
     if only and (unknown := [v for v in only if v not in VARIANTS]):
         parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
+    if args.count_child:
+        count_child(args.count_child, only or list(COUNTED))
+    if args.instructions:
+        instructions(only or list(COUNTED), args.out)
+        return
     if args.child:
         print(json.dumps(child(args.rounds, only)))
         return
