@@ -1,6 +1,7 @@
 """Cost of exception_dump (armed, nothing failing), the NaN/Inf check and the statistic data dump on training steps.
 
 Run: python tests/perf/bench_dump.py [--rounds 12] [--processes 3] [--out bench-dump.json]
+     python tests/perf/bench_dump.py --instructions  (instructions per step under callgrind: _instructions.py)
 Targets (issue 14), on the foundation's CNN step:
 - statistic dump of every op, every step: <= 1.10 over the same run with op interception alone (an
   OP_OUTPUT subscriber that does nothing: the same dispatch mode);
@@ -29,13 +30,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def child(rounds: int) -> dict[str, dict[str, float]]:
-    import torch
-
+def make_variants(tmp: str) -> dict[str, object]:
+    """Each variant's setup (returns its teardown); files go under ``tmp``."""
     import obs
-    from _harness import cnn, mlp, paired_ratios
-
-    tmp = tempfile.mkdtemp(prefix="obs-bench-dump-")
 
     def plain():
         return lambda: None
@@ -60,10 +57,19 @@ def child(rounds: int) -> dict[str, dict[str, float]]:
     statistic = {"dump": {"common_dump_settings": {
         "dump_mode": 0, "path": os.path.join(tmp, "dump"), "net_name": "Net", "iteration": "all",
         "saved_data": "statistic", "input_output": 0, "kernels": [], "support_device": [0]}}}
-    variants = {"plain": plain, "exception_dump armed": exception_dump,
-                "nan_check module": with_config("nan", {"nan_check": {"enable": True, "path": tmp}}),
-                "op interception alone": interception,
-                "statistic dump (every op)": with_config("stat", statistic)}
+    return {"plain": plain, "exception_dump armed": exception_dump,
+            "nan_check module": with_config("nan", {"nan_check": {"enable": True, "path": tmp}}),
+            "op interception alone": interception,
+            "statistic dump (every op)": with_config("stat", statistic)}
+
+
+def child(rounds: int) -> dict[str, dict[str, float]]:
+    import torch
+
+    from _harness import cnn, mlp, paired_ratios
+
+    tmp = tempfile.mkdtemp(prefix="obs-bench-dump-")
+    variants = make_variants(tmp)
     torch.manual_seed(0)
     results: dict[str, dict[str, float]] = {}
     try:
@@ -97,13 +103,68 @@ def child(rounds: int) -> dict[str, dict[str, float]]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+COUNTED_STEPS = {"cnn": 3, "mlp": 20}  #: steps counted per variant under callgrind (after 2 / 12 untimed ones)
+
+
+def count_child(workload_name: str) -> None:
+    """Under callgrind (``--instructions``): each variant's counted steps on one workload, after untimed ones."""
+    import torch
+
+    from _harness import cnn, mlp
+    from _instructions import Counter, count_steps
+
+    counter = Counter()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tmp = tempfile.mkdtemp(prefix="obs-bench-dump-count-")
+    workload = {"cnn": cnn, "mlp": mlp}[workload_name]()
+    for _ in range(3):
+        workload.step()
+    count_steps(counter, workload.step, make_variants(tmp), 2 if workload_name == "cnn" else 12,
+                COUNTED_STEPS[workload_name])
+    shutil.rmtree(tmp, ignore_errors=True)
+    os._exit(0)  # the counts are written; skip the interpreter's slow exit under valgrind
+
+
+def instructions(out: str) -> None:
+    """Instructions per step of each variant on both workloads (every thread), against each target's baseline."""
+    from _instructions import available, run_counted
+
+    why = available()
+    if why is not None:
+        raise SystemExit(f"--instructions: {why}")
+    names = ("cnn", "mlp")
+    counts = run_counted([[os.path.abspath(__file__), "--count-child", w] for w in names])
+    table = {w: {v: n / COUNTED_STEPS[w] for v, n in c.items()} for w, c in zip(names, counts)}
+    ratios = {w: {"statistic dump / op interception": t["statistic dump (every op)"] / t["op interception alone"],
+                  "nan_check / plain": t["nan_check module"] / t["plain"],
+                  "exception_dump / plain": t["exception_dump armed"] / t["plain"],
+                  "op interception / plain": t["op interception alone"] / t["plain"]} for w, t in table.items()}
+    for w in names:
+        print(f"{w}: " + ", ".join(f"{v} {n:,.0f}" for v, n in table[w].items()) + " instructions per step")
+        print(f"{w}: " + ", ".join(f"{k} = {r:.4f}" for k, r in ratios[w].items()))
+    with open(out, "w") as fh:
+        json.dump({"benchmark": "bench_dump --instructions", "steps": COUNTED_STEPS,
+                   "instructions_per_step": {w: {v: round(n) for v, n in t.items()} for w, t in table.items()},
+                   "ratios": {w: {k: round(r, 4) for k, r in rs.items()} for w, rs in ratios.items()}}, fh, indent=2)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--out", default="bench-dump.json")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per step under callgrind instead (needs valgrind)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--count-child", choices=("cnn", "mlp"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.count_child:
+        count_child(args.count_child)
+    if args.instructions:
+        instructions(args.out)
+        return
     if args.child:
         import torch
         from _harness import pin_to_one_core
