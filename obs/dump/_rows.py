@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from obs.dump import stats
-from obs.dump.stats import compile_statistics, csv_header
+from obs.dump.stats import compile_contiguous, compile_statistics, csv_header, native_code
 
 __all__ = ["Op", "StatisticRows"]
 
@@ -54,6 +54,7 @@ class StatisticRows:
     def __init__(self, categories: Sequence[str]) -> None:
         self.header = csv_header(categories)
         self._stats = compile_statistics(tuple(categories))
+        self._contiguous = compile_contiguous(tuple(categories))  # the C pass on what _by_memory already read
         self._whole = [c in _WHOLE for c in categories]
         self._rows: list[tuple[Op, str, int, list[Any]]] = []
         self._seen: dict[int, tuple[Any, int, list[Any] | None]] = {}
@@ -89,24 +90,28 @@ class StatisticRows:
         if tensor.layout is not torch.strided or tensor.is_meta:
             record = None
         elif version is None:
-            record = [self._stats(tensor), tensor.dtype, tensor.shape, None]
+            record = [self._stats(tensor), dtype, tensor.shape, None]
         else:
-            record = self._by_memory(tensor, version)
+            record = self._by_memory(tensor, version, dtype)
         if version is not None:
             self._seen[id(tensor)] = (weakref.ref(tensor), version, record)
         return record
 
-    def _by_memory(self, tensor: torch.Tensor, version: int) -> list[Any]:
+    def _by_memory(self, tensor: torch.Tensor, version: int, dtype: torch.dtype) -> list[Any]:
         """The record of another tensor over the same memory, else a new one: [statistics, dtype, shape, text]."""
+        shape = tensor.shape
         try:
             storage = tensor.untyped_storage()  # one Python object per live storage: identity is safe
-            key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, version)
+            address = tensor.data_ptr()
+            key = (address, shape, tensor.stride(), dtype, version)
         except Exception:  # a tensor subclass without storage
-            return [self._stats(tensor), tensor.dtype, tensor.shape, None]
+            return [self._stats(tensor), dtype, shape, None]
         found = self._memory.get(key)
         if found is not None and found[0]() is storage:
             return found[1]
-        record = [self._stats(tensor), tensor.dtype, tensor.shape, None]
+        code = None if self._contiguous is None else native_code(tensor, dtype)
+        values = self._stats(tensor) if code is None else self._contiguous(address, tensor.numel(), code)
+        record = [values, dtype, shape, None]
         self._memory[key] = (weakref.ref(storage), record)
         return record
 

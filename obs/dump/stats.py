@@ -142,10 +142,14 @@ def _native_values(tensor: torch.Tensor, zeros: bool) -> tuple[Any, ...] | None:
     if t is None:
         return None
     n, distinct = tensor.numel(), t.numel()
-    repeat = n // distinct if distinct else 1
-    lo, hi, total, squares, nan, pos, neg, zero, negzero = native.reduce(t.data_ptr(), distinct, _CODES[t.dtype],
-                                                                         zeros)
-    finite = distinct - nan - pos - neg
+    return _from_raw(native.reduce(t.data_ptr(), distinct, _CODES[t.dtype], zeros), n,
+                     n // distinct if distinct else 1)
+
+
+def _from_raw(raw: tuple[Any, ...], n: int, repeat: int) -> tuple[Any, ...]:
+    """``native.reduce``'s tuple over ``n // repeat`` distinct elements → the values of ``_NATIVE_ORDER``."""
+    lo, hi, total, squares, nan, pos, neg, zero, negzero = raw
+    finite = n // repeat - nan - pos - neg
     if finite:
         avg = total / finite
     else:
@@ -155,6 +159,32 @@ def _native_values(tensor: torch.Tensor, zeros: bool) -> tuple[Any, ...] | None:
         return hi, lo, avg, n, norm, nan, pos, neg, zero, negzero, zero - negzero
     return (hi, lo, avg, n, norm, nan * repeat, pos * repeat, neg * repeat, zero * repeat, negzero * repeat,
             (zero - negzero) * repeat)
+
+
+def compile_contiguous(categories: tuple[str, ...]) -> Callable[[int, int, int], list[Any]] | None:
+    """For callers that already hold a plain contiguous CPU tensor's ``(data_ptr, numel, dtype code)`` (the code
+    from :func:`native_code`): the same list as :func:`compile_statistics` gives, without reading the tensor's
+    attributes again.  None without the C extension (looked up now: compile once per dump), or when a category (a
+    hash) needs the tensor itself."""
+    if native is None or set(categories).intersection(_HASHES):
+        return None
+    zeros = bool(set(categories).intersection(_ZEROS))
+    picks = [_NATIVE_ORDER.index(c) for c in categories]
+    reduce = native.reduce
+
+    def run(address: int, n: int, code: int) -> list[Any]:
+        got = _from_raw(reduce(address, n, code, zeros), n, 1)
+        return [got[i] for i in picks]
+    return run
+
+
+def native_code(tensor: torch.Tensor, dtype: torch.dtype) -> int | None:
+    """The C pass's dtype code when it can read ``tensor`` (of ``dtype``) as one contiguous run, else None."""
+    code = _CODES.get(dtype)
+    if code is None or not tensor.is_cpu or type(tensor) not in _PLAIN or tensor.is_neg() or \
+            not tensor.is_contiguous():
+        return None
+    return code
 
 
 def _native_nonfinite(tensor: torch.Tensor) -> tuple[int, int, int] | None | bool:

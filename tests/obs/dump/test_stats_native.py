@@ -161,6 +161,31 @@ def test_other_tensors_take_the_torch_path():
     assert values == [3.0, -2.0]
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_contiguous_fast_path_gives_what_the_compiled_statistics_give(dtype):
+    """What the data dump's rows call with an address it already read: the same values as per tensor."""
+    categories = ALL[::-1]  # the user's order, not the C pass's
+    run, fast = stats.compile_statistics(categories), stats.compile_contiguous(categories)
+    specials = [torch.zeros(0, dtype=dtype), sample(dtype, 1000, seed=3)]
+    if dtype.is_floating_point:
+        specials.append(torch.tensor([float("nan"), 1.0, float("-inf"), -0.0], dtype=dtype))
+        specials.append(torch.full((5,), float("inf"), dtype=dtype))
+    for t in specials:
+        code = stats.native_code(t, t.dtype)
+        assert code is not None
+        got, want = fast(t.data_ptr(), t.numel(), code), run(t)
+        assert [type(v) for v in got] == [type(v) for v in want]
+        assert [str(v) for v in got] == [str(v) for v in want]
+
+
+def test_the_contiguous_fast_path_declines_what_needs_the_tensor(monkeypatch):
+    assert stats.compile_contiguous(("max", "md5")) is None  # a hash reads the bytes itself
+    for t in (torch.randn(4, 4).t(), torch._neg_view(torch.randn(3)), torch.randn(3, dtype=torch.complex64)):
+        assert stats.native_code(t, t.dtype) is None
+    monkeypatch.setattr(stats, "native", None)
+    assert stats.compile_contiguous(("max",)) is None
+
+
 def test_parameters_and_tensors_requiring_grad_take_the_c_pass():
     p = torch.nn.Parameter(torch.randn(300))
     got, want = both(p)
