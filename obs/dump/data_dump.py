@@ -22,7 +22,9 @@ files (and rows) when it is first called in a dumped step, before this step upda
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import re
 import threading
@@ -43,6 +45,8 @@ from obs.runtime.steps import tracker
 from obs.settings.parallel import rank
 
 __all__ = ["DataDump", "op_type"]
+
+logger = logging.getLogger("obs")
 
 GRAPH_ID = 0
 ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"
@@ -94,11 +98,14 @@ class DataDump:
         self._tensors, self._statistics = config.tensors, config.statistics
         self._inputs, self._outputs = config.input_output != 2, config.input_output != 1
         self.rows = StatisticRows(config.statistic_category)
+        self._sink = self._tensor if self._tensors else self.rows.add  # per tensor; statistics only: the row
         self.spans = ModuleSpans()
         self._lock = threading.Lock()
         self._metadata_written = False
         self._parameters_done = False
         self._written_order: list[str] = []
+        self._ended = 0  # steps that ended while installed
+        self._recorded = 0  # ops of selected steps before the current one
 
     def install(self) -> DataDump:
         self._demand = tracker.require("data dump")
@@ -110,6 +117,7 @@ class DataDump:
             self._subs.append(bus.subscribe(Event.MODULE_ENTER, self._on_module))
         if tracker.in_step:  # turned on in the middle of a step: start with the next one
             self.active = False
+        atexit.register(self._at_exit)
         return self
 
     def remove(self) -> None:
@@ -120,8 +128,29 @@ class DataDump:
         if self._demand is not None:
             self._demand.remove()
             self._demand = None
+        atexit.unregister(self._at_exit)
         if self.active:
             self._finish()
+
+    def nothing_dumped(self) -> str | None:
+        """Why this dump has written no iteration yet (None once one is written, or while no op has run)."""
+        if self._dumped or not self.config.e2e.get("enable", True):  # dumped, or switched off on purpose
+            return None
+        iteration = self.config.iteration
+        if not self._ended and (self._count or self._recorded):
+            return (f"no training step ended, so the data dump wrote nothing to {self.config.path} "
+                    f"({self._count + self._recorded} ops recorded in iteration {self.iteration}). A step ends when "
+                    f"optimizer.step() returns; a loop that updates its weights another way marks its steps with "
+                    f"'with obs.step():' or 'for batch in obs.steps(loader):'.")
+        if self._ended:
+            return (f"the data dump wrote nothing to {self.config.path}: its 'iteration' is {iteration!r}, "
+                    f"and the run ended after iteration {self.iteration}.")
+        return None
+
+    def _at_exit(self) -> None:
+        reason = self.nothing_dumped()
+        if reason is not None:
+            logger.warning("obs: %s", reason)
 
     # -- folders ----------------------------------------------------------------------------------
     def rank_dir(self) -> str:
@@ -143,6 +172,7 @@ class DataDump:
     # -- steps ------------------------------------------------------------------------------------
     def _on_step_begin(self, step: int) -> None:
         iteration = self.config.initial_iteration + step - 1
+        self._recorded += self._count
         self.iteration, self._count = iteration, 0
         self._order = []
         self.rows.clear()
@@ -172,6 +202,7 @@ class DataDump:
             report_internal_error("data dump parameters", exc)
 
     def _on_step_end(self, step: int, duration_ns: int) -> None:
+        self._ended += 1
         if self.active:
             self._finish()
 
@@ -232,15 +263,15 @@ class DataDump:
     def _each(self, op: Op, io: str, values: Any) -> None:
         """Dump every tensor of ``values``; slots follow positions, a list of tensors taking one slot per item
         (a non-tensor leaves a gap, as in the original)."""
-        slot = 0
+        slot, sink = 0, self._sink
         for value in values:
             if isinstance(value, torch.Tensor):
-                self._tensor(op, io, slot, value)
+                sink(op, io, slot, value)
             elif isinstance(value, (list, tuple)) and value and \
                     all(isinstance(v, torch.Tensor) or v is None for v in value):
                 for item in value:
                     if item is not None:
-                        self._tensor(op, io, slot, item)
+                        sink(op, io, slot, item)
                     slot += 1
                 continue
             slot += 1

@@ -287,3 +287,51 @@ def test_parameters_are_written_as_the_originals_parameter_files(tmp_path):
     assert len(rows) == 4 and all(",output,0," in row for row in rows)
     none = run(tmp_path / "b", saved_data="tensor", input_output=1) / "Net" / "0" / "0"
     assert not [n for n in files(none) if n.startswith("Parameter.")]
+
+
+def test_a_loop_that_never_ends_a_step_is_told_why_nothing_was_dumped(tmp_path):
+    """No optimizer (weights updated by hand): no step ends, nothing is written, and the exit says why."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "dump.json"
+    config.write_text(json.dumps(settings(tmp_path, saved_data="statistic")))
+    script = (
+        "import torch, obs\n"
+        "obs.set_context(op_timeout=300)\n"
+        "net = torch.nn.Linear(4, 2)\n"
+        "for _ in range(3):\n"
+        "    net(torch.randn(3, 4)).sum().backward()\n"
+        "    with torch.no_grad():\n"
+        "        for p in net.parameters():\n"
+        "            p.add_(p.grad, alpha=-0.1)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OBS_DUMP_CONFIG": str(config)})
+    assert out.returncode == 0, out.stderr
+    assert "no training step ended, so the data dump wrote nothing" in out.stderr
+    assert "with obs.step():" in out.stderr and str(tmp_path / "dump") in out.stderr
+    assert not (tmp_path / "dump" / "rank_0" / "Net").exists()
+
+
+def test_a_run_that_ends_before_its_iterations_is_told_so(tmp_path):
+    from obs.dump.feature import feature
+
+    path = tmp_path / "env.json"
+    path.write_text(json.dumps({"dump": settings(tmp_path, saved_data="statistic", iteration="5-6")}))
+    obs.set_context(env_config_path=str(path))
+    try:
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        assert feature.data.nothing_dumped() is None  # nothing ran yet: nothing to say
+        for _ in range(2):
+            net(torch.randn(3, 4)).sum().backward()
+            opt.step()
+        reason = feature.data.nothing_dumped()
+        assert "its 'iteration' is '5-6'" in reason and "ended after iteration 1" in reason
+        for _ in range(4):  # iterations 2-5: 5 is dumped when it ends
+            net(torch.randn(3, 4)).sum().backward()
+            opt.step()
+        assert feature.data.nothing_dumped() is None
+    finally:
+        obs.reset_context()
+        tracker.reset()
