@@ -57,6 +57,7 @@ class Counter:
                 fh.write(_SOURCE)
             subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", lib, src], check=True)
             self._lib = ctypes.CDLL(lib)
+            shutil.rmtree(folder, ignore_errors=True)  # loaded: the file is no longer needed
             self._lib.obs_count_stop.argtypes = [ctypes.c_char_p]
 
     def start(self) -> None:

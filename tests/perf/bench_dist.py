@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import os
 import statistics
 import sys
@@ -112,6 +113,7 @@ def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) 
             with open(out, "w") as fh:
                 json.dump({"medians": medians}, fh)
         dist.destroy_process_group()
+        shutil.rmtree(tmp, ignore_errors=True)
         return
     stop = _rdr(tmp, "step")()
     built = torch.nn.parallel.DistributedDataParallel(_model(0))  # built while recording: no relay (Flight Recorder)
@@ -159,6 +161,7 @@ def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) 
             json.dump({"medians": medians, "per_round": per_round, "step_boundary_us": boundary,
                        "bucket_records_per_step": from_fr}, fh)
     dist.destroy_process_group()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 FR_OFF = "plain, TORCH_FR_BUFFER_SIZE=0 (own jobs)"
@@ -178,6 +181,7 @@ def _count_child(steps: int) -> None:
     setups = {"plain": lambda: (lambda: None), "rdr step": _rdr(tmp, "step"), "rdr module": _rdr(tmp, "module")}
     count_steps(counter, workload.step, {name: setups[name] for name in COUNTED}, 15, steps)
     dist.destroy_process_group()
+    shutil.rmtree(tmp, ignore_errors=True)
     os._exit(0)  # the counts are written; skip the interpreter's slow exit under valgrind
 
 
@@ -208,8 +212,11 @@ def _job(world: int, args: argparse.Namespace, *, fr_off: bool = False) -> dict:
             os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
         else:
             os.environ["TORCH_FR_BUFFER_SIZE"] = saved
-    with open(result) as fh:
-        return json.load(fh)
+    try:
+        with open(result) as fh:
+            return json.load(fh)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:

@@ -16,10 +16,12 @@ RecordFunction observer (recorder/native_ops.py); "dispatch mode" is the Python 
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -34,6 +36,7 @@ from _harness import (STEADY_MALLOC, Workload, cnn, in_processes, measure_rounds
                       paired_ratios, pin_to_one_core)
 
 TMP = tempfile.mkdtemp(prefix="obs-bench-rdr-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # its rings are reserved on disk: ~100 MB a process
 
 
 def plain():
@@ -224,6 +227,7 @@ def count_child(workload_name: str, only: list[str]) -> None:
         workload.step()
     count_steps(counter, workload.step, {name: VARIANTS[name] for name in only}, SETTLE[workload_name],
                 COUNTED_STEPS[workload_name])
+    shutil.rmtree(TMP, ignore_errors=True)
     os._exit(0)  # the counts are written; skip the interpreter's slow exit under valgrind
 
 
