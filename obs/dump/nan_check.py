@@ -1,7 +1,9 @@
 """The NaN/Inf check: the first module (or op) whose output, or whose gradient in backward, is not finite.
 
 Module granularity (the default): a global forward hook checks each module's tensor outputs (the
-same tensor returned by nested modules is checked once), and, when ``backward`` is on, puts a
+same tensor returned by nested modules is checked once; the output of a module that cannot make a
+non-finite value from finite inputs, such as ReLU or MaxPool, is not read again when every input was
+found finite in this step), and, when ``backward`` is on, puts a
 gradient hook on the first output that requires grad, so the gradient reaching that module in
 backward is checked too.  Op granularity: every aten op's outputs (OP_OUTPUT), forward and backward.
 Each check is one sum (:func:`obs.dump.stats.nonfinite_counts`); exact counts only when it fails.
@@ -33,6 +35,17 @@ from obs.settings.parallel import rank
 __all__ = ["NanCheck", "NonFiniteError"]
 
 
+#: Modules whose output is finite whenever every input is: bounded or selecting maps of their input, with no
+#: parameter or factor that could overflow.  Matched by exact type (a subclass may override forward).  An input
+#: counts as checked while its memory, size and version are those of a tensor found finite this step; a write
+#: through ``.data`` does not move the version, and is not seen (as it is not by autograd).
+FINITE_PRESERVING = frozenset({
+    torch.nn.ReLU, torch.nn.ReLU6, torch.nn.Hardtanh, torch.nn.Sigmoid, torch.nn.Tanh, torch.nn.Identity,
+    torch.nn.Flatten, torch.nn.Unflatten, torch.nn.MaxPool1d, torch.nn.MaxPool2d, torch.nn.MaxPool3d,
+    torch.nn.AdaptiveMaxPool1d, torch.nn.AdaptiveMaxPool2d, torch.nn.AdaptiveMaxPool3d})
+_KNOWN_MAX = 4096  # tensors known finite in one step, at most
+
+
 class NonFiniteError(FloatingPointError):
     """Raised (``action="raise"``) where the first NaN/Inf appeared; ``capture`` is its dump folder."""
 
@@ -51,6 +64,8 @@ class NanCheck:
         self.findings: list[dict[str, Any]] = []
         self._step_reported = -1
         self._last_checked: Any = None
+        self._finite: dict[tuple[int, int, int], Any] = {}  # (address, numel, version) → weakref, this step
+        self._finite_step = -1
         self._handles: list[Any] = []
         self._subs: list[Subscription] = []
         self._demand: Any = None
@@ -86,6 +101,10 @@ class NanCheck:
             return
         stack = SUPPRESSION.stack
         scope = stack[-1] if stack else type(module).__name__
+        if self._finite_step != tracker.step:
+            self._finite.clear()
+            self._finite_step = tracker.step
+        derived = type(module) in FINITE_PRESERVING and self._all_finite(args)
         watched = None
         for where, tensor in tensors_in((output,)):
             # A container's output, a flatten: the same elements are checked once.  The last tensor checked must
@@ -95,15 +114,29 @@ class NanCheck:
             if last is not None and last[1] == key and last[0]() is not None:
                 continue
             self._last_checked = (weakref.ref(tensor), key)
-            counts = nonfinite_counts(tensor)
-            if counts is not None:
-                self._found("forward", "module", scope, type(module).__name__, counts, where,
-                            [("inputs", list(tensors_in(args))), ("outputs", [(where, tensor)])])
-                return
+            if not derived:
+                counts = nonfinite_counts(tensor)
+                if counts is not None:
+                    self._found("forward", "module", scope, type(module).__name__, counts, where,
+                                [("inputs", list(tensors_in(args))), ("outputs", [(where, tensor)])])
+                    return
+            if len(self._finite) < _KNOWN_MAX:
+                self._finite[key] = weakref.ref(tensor)
             if watched is None and self.backward and tensor.requires_grad:
                 watched = tensor
         if watched is not None:
             watched.register_hook(self._grad_hook(scope, type(module).__name__))
+
+    def _all_finite(self, args: Any) -> bool:
+        """Whether every tensor of ``args`` was found finite in this step and is unchanged since (same memory,
+        size and version, still alive)."""
+        found = False
+        for _, tensor in tensors_in(args):
+            ref = self._finite.get((tensor.data_ptr(), tensor.numel(), tensor._version))
+            if ref is None or ref() is None:
+                return False
+            found = True
+        return found
 
     def _grad_hook(self, scope: str, op: str) -> Any:
         def check(grad: torch.Tensor) -> None:

@@ -140,3 +140,55 @@ def test_dump_config_overflow_mode_turns_it_on(tmp_path, monkeypatch):
     found = [json.loads((f / "meta.json").read_text()) for f in captures(tmp_path / "d")]
     # as the original's overflow mode: op by op, the first of each step, overflow_number of them
     assert [(m["op"], m["step"]) for m in found] == [("log.default", 1), ("log.default", 2)]
+
+
+def test_a_relu_or_maxpool_output_is_not_read_again_when_its_inputs_were_finite(tmp_path, monkeypatch):
+    from obs.dump import nan_check
+
+    read = []
+    real = nan_check.nonfinite_counts
+    monkeypatch.setattr(nan_check, "nonfinite_counts", lambda t: read.append(tuple(t.shape)) or real(t))
+    arm(tmp_path, backward=False)
+    try:
+        net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                  torch.nn.Linear(18, 2), torch.nn.Sigmoid())
+        net(torch.randn(3, 1, 8, 8)).sum().backward()
+    finally:
+        obs.reset_context()
+    assert read == [(3, 2, 6, 6), (3, 2)]  # the conv's and the linear's outputs; ReLU, MaxPool, Sigmoid derive
+    assert captures(tmp_path) == []
+
+
+def test_a_nan_that_enters_from_outside_any_module_is_found_at_the_first_relu(tmp_path):
+    arm(tmp_path, backward=False)
+    try:
+        net = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        x = torch.randn(3, 4)
+        x[1, 2] = float("nan")  # made by the user's code, not by a module: never checked
+        net(x).sum().backward()
+    finally:
+        obs.reset_context()
+    [folder] = captures(tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert (meta["phase"], meta["scope"], meta["nan"]) == ("forward", "Default/net-Sequential/0-ReLU", 1)
+
+
+def test_an_input_changed_in_place_after_its_check_is_read_again(tmp_path):
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.act = torch.nn.Linear(4, 4), torch.nn.ReLU()
+
+        def forward(self, x):
+            h = self.fc(x)
+            with torch.no_grad():
+                h[0, 0] = float("inf")  # after its check: its version moves on
+            return self.act(h)
+
+    arm(tmp_path, backward=False)
+    try:
+        Net()(torch.randn(2, 4))
+    finally:
+        obs.reset_context()
+    [folder] = captures(tmp_path)
+    assert json.loads((folder / "meta.json").read_text())["scope"] == "Default/net-Net/act-ReLU"
