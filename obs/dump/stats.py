@@ -180,9 +180,16 @@ def compile_contiguous(categories: tuple[str, ...]) -> Callable[[int, int, int],
 
 def native_code(tensor: torch.Tensor, dtype: torch.dtype) -> int | None:
     """The C pass's dtype code when it can read ``tensor`` (of ``dtype``) as one contiguous run, else None."""
+    code = _readable(tensor, dtype)
+    return code if code is not None and tensor.is_contiguous() else None
+
+
+def _readable(tensor: torch.Tensor, dtype: torch.dtype) -> int | None:
+    """The C pass's dtype code when it can read ``tensor``'s host memory at all (a plain strided CPU tensor of a
+    dtype it knows, not a negative view), else None."""
     code = _CODES.get(dtype)
-    if code is None or not tensor.is_cpu or type(tensor) not in _PLAIN or tensor.is_neg() or \
-            not tensor.is_contiguous():
+    if code is None or not tensor.is_cpu or type(tensor) not in _PLAIN or tensor.layout is not torch.strided or \
+            tensor.is_neg():
         return None
     return code
 
@@ -204,8 +211,7 @@ def _native_nonfinite(tensor: torch.Tensor) -> tuple[int, int, int] | None | boo
 def _host_dense(tensor: torch.Tensor) -> torch.Tensor | None:
     """``tensor``'s distinct elements as a tensor whose memory the C pass reads in one run (itself, its
     unexpanded view, or a contiguous copy); None for what the C pass does not take."""
-    if _CODES.get(tensor.dtype) is None or not tensor.is_cpu or type(tensor) not in _PLAIN or \
-            tensor.layout is not torch.strided or tensor.is_neg():
+    if _readable(tensor, tensor.dtype) is None:
         return None
     if tensor.is_contiguous():
         return tensor
