@@ -90,16 +90,19 @@ def run_counted(children: list[list[str]], env: dict[str, str] | None = None) ->
     counted block, by label."""
     folders = [tempfile.mkdtemp(prefix="obs-callgrind-") for _ in children]
     try:
-        procs = [subprocess.Popen(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--dump-instr=no",
-                                   f"--callgrind-out-file={folder}/cg.out", sys.executable, *argv],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, **_ENV, **(env or {})})
-                 for folder, argv in zip(folders, children)]
+        procs = []
+        for folder, argv in zip(folders, children):
+            # valgrind's messages to a file: a pipe read after another child's could fill and stall this one
+            with open(os.path.join(folder, "stderr"), "w") as err:
+                procs.append(subprocess.Popen(
+                    ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--dump-instr=no",
+                     f"--callgrind-out-file={folder}/cg.out", sys.executable, *argv],
+                    stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **_ENV, **(env or {})}))
         results = []
         for proc, folder, argv in zip(procs, folders, children):
-            _, err = proc.communicate()
-            if proc.returncode != 0:
-                raise RuntimeError(f"callgrind child {argv} failed ({proc.returncode}):\n{err[-3000:]}")
+            if proc.wait() != 0:
+                with open(os.path.join(folder, "stderr")) as fh:
+                    raise RuntimeError(f"callgrind child {argv} failed ({proc.returncode}):\n{fh.read()[-3000:]}")
             results.append(_counts(folder))
         return results
     finally:
@@ -110,6 +113,8 @@ def run_counted(children: list[list[str]], env: dict[str, str] | None = None) ->
 def _counts(folder: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for name in os.listdir(folder):
+        if not name.startswith("cg.out"):
+            continue
         with open(os.path.join(folder, name)) as fh:
             text = fh.read()
         label = re.search(r"^desc: Trigger: Client Request: (.*)$", text, re.M)

@@ -212,7 +212,7 @@ def child(rounds: int, only: list[str] | None = None) -> dict[str, object]:
 
 
 COUNTED = ("plain", "rdr step", "rdr module", "rdr op, native", "torch.profiler")  #: --instructions' default variants
-COUNTED_STEPS = {"mlp": 20, "cnn": 3}  #: a CNN step is ~11x an MLP step's instructions (and ~2 s under callgrind)
+COUNTED_STEPS = {"mlp": 20, "cnn": 3}  #: a CNN step: ~10x an MLP step's instructions, ~20 s under callgrind
 
 
 def count_child(workload_name: str, only: list[str]) -> None:
