@@ -24,7 +24,7 @@ def test_collectives_are_recorded_with_sequence_state_and_timing(tmp_path):
             dist.broadcast(t, src=0)  # the next call notices the async one completed
         assert dist.all_reduce is original and not adapter.installed["collectives"]
     finally:
-        dist.destroy_process_group()
+        _drain_and_destroy()
     seen = [(r["op"], r["seq"], r["state"]) for r in records]
     assert seen[:4] == [("all_reduce", 1, "started"), ("all_reduce", 1, "completed"), ("barrier", 2, "started"),
                         ("barrier", 2, "completed")]
@@ -43,8 +43,19 @@ def _records_of(run, tmp_path, records=None):
         with obs.subscribe(obs.Event.COLLECTIVE, records.append):
             run()
     finally:
-        dist.destroy_process_group()
+        _drain_and_destroy()
     return records
+
+
+def _drain_and_destroy():
+    """Destroy the default group once gloo's worker thread is idle.  That thread releases a finished work's Python
+    callbacks (DDP's hooks, obs's completion callback) under the GIL, after the waiter has moved on; a group
+    destroyed meanwhile (a DDP model dropped at the test's end) joins it while holding the GIL: a deadlock
+    in PyTorch, seen once in CI.  A barrier runs on that thread after the work before it is fully done."""
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_group_passed_by_position_is_that_group_with_its_own_sequence(tmp_path):
