@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import resource
 import threading
 import time
 
@@ -83,6 +85,24 @@ def test_threads_append_without_collisions(tmp_path):
     assert len(ops) == 20000 and len({e["seq"] for e in ops}) == 20000
     for k in range(4):
         assert [e["duration_ns"] for e in ops if e["name"] == f"thread-{k}"] == list(range(5000))
+
+
+@pytest.mark.parametrize("advice", [True, False], ids=["madvise", "page writes"])
+def test_the_first_write_to_a_page_does_not_fault_on_the_training_thread(tmp_path, monkeypatch, advice):
+    # MAP_POPULATE maps a shared file read-only: each page's first write would fault into the file system.
+    if not advice:
+        monkeypatch.setattr("recorder.ring._MADV_POPULATE_WRITE", -1)  # an advice the kernel refuses
+    writer = RingWriter(str(tmp_path / "f.obsring"), DEFAULT_CAPACITY, pid=1, rank=0, world_size=1, meta={})
+    try:
+        mm, region = writer.buffer(), writer.rings["op"]
+        pages = range(region.offset, region.offset + region.capacity * 56, mmap.PAGESIZE)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for at in pages:
+            mm[at] = 1
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        assert len(pages) > 800 and faults < len(pages) // 20, (faults, len(pages))
+    finally:
+        writer.close(remove=True)
 
 
 def test_long_blobs_are_cut_but_stay_json(ring):
