@@ -24,6 +24,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 
@@ -62,6 +63,7 @@ std::atomic<uint16_t> g_threads{0};
 at::CallbackHandle g_handle = 0;
 std::mutex g_mutex;  // guards the shared caches below and attach/detach
 std::unordered_map<uint64_t, int32_t> g_names, g_signatures;
+std::unordered_map<std::string, int32_t> g_texts;  // one id per text: ops share their signatures' texts
 
 struct ThreadCache {
   uint64_t generation = UINT64_MAX;
@@ -77,7 +79,26 @@ struct Context : at::ObserverContext {
   int64_t inputs;
   int uncaught;
   bool nested;
+
+  // One per op: recycled through a free list of the thread that frees it, not malloc and free each time.
+  static void *operator new(std::size_t size);
+  static void operator delete(void *p);
 };
+
+thread_local void *t_free_contexts = nullptr;  // a trivial thread_local: no initialisation guard per access
+
+void *Context::operator new(std::size_t size) {
+  if (void *p = t_free_contexts) {
+    t_free_contexts = *static_cast<void **>(p);
+    return p;
+  }
+  return ::operator new(size);
+}
+
+void Context::operator delete(void *p) {
+  *static_cast<void **>(p) = t_free_contexts;
+  t_free_contexts = p;
+}
 
 int64_t now_ns() {
   timespec ts;
@@ -107,8 +128,13 @@ int32_t intern(std::unordered_map<uint64_t, int32_t> &shared, uint64_t key, cons
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = shared.find(key);
   if (it != shared.end()) return it->second;
-  int32_t id = g_target.append(g_target.table, text.data(), static_cast<uint32_t>(text.size()));
-  if (id >= 0) shared.emplace(key, id);
+  auto known = g_texts.find(text);
+  int32_t id = known != g_texts.end() ? known->second
+                                      : g_target.append(g_target.table, text.data(), static_cast<uint32_t>(text.size()));
+  if (id >= 0) {
+    shared.emplace(key, id);
+    g_texts.emplace(text, id);
+  }
   return id;
 }
 
@@ -178,11 +204,12 @@ std::string describe(c10::ArrayRef<const c10::IValue> inputs) {
   return out;
 }
 
+// Name and overload, by their text alone: a record named by a string (autograd::engine::evaluate_function:
+// AddmmBackward0) holds its own copy of it, so a key with the pointer in it missed on every call and
+// re-interned the name into the ring's string table each time.
 uint64_t name_key(const at::RecordFunction &fn) {
-  const char *name = fn.name();
-  uint64_t h = mix(1469598103934665603ULL, reinterpret_cast<uintptr_t>(name));
-  for (const char *p = name; *p; ++p) h = mix(h, static_cast<unsigned char>(*p));
-  return h;
+  std::hash<std::string_view> hash;
+  return mix(hash(fn.name()), hash(fn.overload_name()));
 }
 
 uint64_t signature_key(uint64_t h, c10::ArrayRef<const c10::IValue> inputs) {
@@ -194,7 +221,7 @@ uint64_t signature_key(uint64_t h, c10::ArrayRef<const c10::IValue> inputs) {
       h = mix(h, static_cast<uint64_t>(t.scalar_type()));
       h = mix(h, (static_cast<uint64_t>(t.device().type()) << 8) | static_cast<uint8_t>(t.device().index()));
     } else {
-      h = mix(h, static_cast<uint64_t>(v.tagKind().size()) * 31 + kind_name(v)[0]);
+      h = mix(h, reinterpret_cast<uintptr_t>(kind_name(v)));  // one static string per kind
     }
   }
   return h;
@@ -278,6 +305,7 @@ int obs_ops_attach(char *base, uint64_t capacity, uint64_t *idx, uint64_t *seq, 
   g_target = Target{base, capacity, idx, seq, table, append, scope, inputs != 0};
   g_names.clear();
   g_signatures.clear();
+  g_texts.clear();
   g_generation.fetch_add(1, std::memory_order_release);
   g_active.store(true, std::memory_order_release);
   g_handle = at::addGlobalCallback(

@@ -80,6 +80,33 @@ def test_native_ops_record_what_the_dispatch_mode_records_in_order(tmp_path, mon
     assert addmm["nested"] is True and addmm["inputs"].startswith("float32[8]@cpu float32[3, 4]@cpu float32[4, 8]@cpu")
 
 
+def test_names_and_signatures_are_interned_once_whatever_buffer_holds_them(tmp_path, monkeypatch):
+    # The autograd engine names its records with a new string per call; the string table must not grow per step.
+    from recorder.ring_reader import read_ring
+
+    start(tmp_path, monkeypatch, native=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def strings(steps: int) -> list[str]:
+        for _ in range(steps):
+            with obs.step():
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+        return read_ring(obs.rdr.recorder().ring.buffer()).strings
+
+    try:
+        warm = strings(2)
+        later = strings(20)
+    finally:
+        obs.reset_context()
+    assert any(s.startswith("autograd::engine::evaluate_function: AddmmBackward0") for s in warm)
+    assert later == warm
+    repeated = [text for text, n in collections.Counter(warm).items() if n > 1]
+    assert repeated in ([], [""]), repeated  # "": the Python writer's id 0, and records without inputs
+
+
 def test_a_failing_op_is_flagged_and_the_training_sees_its_error(tmp_path, monkeypatch):
     start(tmp_path, monkeypatch, native=True)
     train_and_fail()
