@@ -46,6 +46,7 @@ class RingContents:
     slots: np.ndarray  # SLOT_DTYPE, written slots of every ring, sorted by seq
     blobs: list[tuple[int, int, str, dict[str, Any]]]  # (seq, t_ns, kind name, payload)
     dropped: dict[str, int] = field(default_factory=dict)
+    _lines: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def string(self, sid: int) -> str:
         return self.strings[sid] if 0 <= sid < len(self.strings) else "?"
@@ -91,7 +92,24 @@ class RingContents:
 
         Every event has a ``step``: module, step and memory slots store it, the others get
         :meth:`steps`' (blobs keep a ``step`` of their own payload)."""
-        slots = self.slots if kinds is None else self.slots[np.isin(self.slots["kind"], kinds)]
+        if kinds is None:
+            slots, lines = self.slots, self._slot_lines().tolist()
+        else:
+            chosen = np.isin(self.slots["kind"], kinds)
+            slots, lines = self.slots[chosen], self._slot_lines()[chosen].tolist()
+        blobs = [b for b in self.blobs if kinds is None or _BLOB_KINDS.get(b[2]) in kinds]
+        if blobs:
+            blob_steps = self.steps(np.array([b[0] for b in blobs], dtype=np.uint64)).tolist()
+            lines = _merge(lines, slots["seq"].tolist(),
+                           [(b[0], _blob_line(b, self.header, st)) for b, st in zip(blobs, blob_steps)])
+        return lines
+
+    def _slot_lines(self) -> np.ndarray:
+        """Every slot's JSON line, in slot order (an object array), formatted once: a bundle takes several
+        selections of the same lines."""
+        if self._lines is not None:
+            return self._lines
+        slots = self.slots
         esc = [json.dumps(x) for x in self.strings] + ["null"]  # index -1 (unknown) → null
         out = np.empty(len(slots), dtype=object)
         wall = slots["t"] + np.int64(self.header.wall_ns - self.header.mono_ns)
@@ -107,13 +125,8 @@ class RingContents:
                 cols["b_name"] = [esc[i] for i in ids["b"].tolist()]
                 cols["d_name"] = [esc[i] for i in ids["d"].tolist()]
             out[where] = _format(kind, cols)
-        lines: list[str] = out.tolist()
-        blobs = [b for b in self.blobs if kinds is None or _BLOB_KINDS.get(b[2]) in kinds]
-        if blobs:
-            blob_steps = self.steps(np.array([b[0] for b in blobs], dtype=np.uint64)).tolist()
-            lines = _merge(lines, slots["seq"].tolist(),
-                           [(b[0], _blob_line(b, self.header, st)) for b, st in zip(blobs, blob_steps)])
-        return lines
+        self._lines = out
+        return out
 
     def events(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.event_lines()]
