@@ -59,7 +59,8 @@ def env_file_config(environ: Mapping[str, str] | None = None) -> DumpConfig | No
 class DumpFeature:
     """Starts and stops :class:`ExceptionDump`, :class:`NanCheck` and :class:`DataDump` to match the settings."""
 
-    keys = frozenset(CONTEXT_OPTIONS)  # any first set_context call reads the dump config variable
+    keys = frozenset(CONTEXT_OPTIONS)
+    on_first_call = True  # the first set_context call reads the dump config variable, even set_context()
 
     def __init__(self) -> None:
         self._lock = threading.RLock()

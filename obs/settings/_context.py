@@ -27,7 +27,11 @@ Changes = Mapping[str, tuple[Any, Any]]
 
 
 class Applier(Protocol):
-    """Turns settings into effects.  ``keys``: what it reacts to.  ``close``: undo everything."""
+    """Turns settings into effects.  ``keys``: what it reacts to.  ``close``: undo everything.
+
+    An applier with a true ``on_first_call`` attribute also takes part in the first ``set_context`` call
+    (the first after ``reset_context``), whatever its keys and even when the call changes nothing: that
+    is where the original reads its environment variables (``MINDSPORE_DUMP_CONFIG``)."""
 
     keys: frozenset[str]
 
@@ -41,6 +45,7 @@ class Applier(Protocol):
 _lock = threading.RLock()
 _values: Mapping[str, Any] = MappingProxyType({})
 _appliers: list[Applier] = []
+_called = False  # a set_context call has succeeded since the start (or the last reset_context)
 
 
 def register_applier(applier: Applier) -> None:
@@ -65,7 +70,7 @@ def set_context(**kwargs: Any) -> None:
     Deprecated keys give a DeprecationWarning naming the replacement; keys for another device
     than ``device_target`` are ignored with a warning.
     """
-    if not kwargs:
+    if not kwargs and _called:
         return
     with _lock:
         old = _values
@@ -94,13 +99,14 @@ def _changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[
 
 
 def _swap(old: Mapping[str, Any], new: dict[str, Any], source: str) -> None:
-    global _values
+    global _values, _called
     changes = _changes(old, new)
-    if not changes:
+    first = source == "set_context" and not _called
+    if not changes and not first:
         _values = MappingProxyType(new)
         return
     frozen = MappingProxyType(new)
-    involved = [a for a in _appliers if a.keys & changes.keys()]
+    involved = [a for a in _appliers if a.keys & changes.keys() or (first and getattr(a, "on_first_call", False))]
     prepared = [a.prepare(frozen, changes) for a in involved]
     touched: list[Applier] = []
     _values = frozen
@@ -117,7 +123,10 @@ def _swap(old: Mapping[str, Any], new: dict[str, Any], source: str) -> None:
             except Exception as exc:  # the original failure is the one the caller must see
                 report_internal_error(f"settings rollback of {type(applier).__name__}", exc)
         raise
-    bus.emit(Event.SETTINGS_CHANGED, source, changes)
+    if first:
+        _called = True
+    if changes:
+        bus.emit(Event.SETTINGS_CHANGED, source, changes)
 
 
 def get_context(key: str) -> Any:
@@ -130,12 +139,13 @@ def get_context(key: str) -> Any:
 
 def reset_context() -> None:
     """Every key back to its default; every feature off, its files closed, hooks and watchers gone."""
-    global _values
+    global _values, _called
     with _lock:
         old = _values
         changes = _changes(old, {})
         for applier in reversed(_appliers):
             applier.close()
         _values = MappingProxyType({})
+        _called = False
     if changes:
         bus.emit(Event.SETTINGS_CHANGED, "reset", changes)

@@ -279,6 +279,28 @@ def test_a_bad_file_named_by_the_variable_fails_the_first_set_context(tmp_path, 
     assert obs.get_context("op_timeout") == 900  # nothing was applied
 
 
+@pytest.mark.parametrize("call", [{}, {"mode": obs.PYNATIVE_MODE}], ids=["set_context()", "a default value"])
+def test_the_variable_is_read_by_a_first_set_context_that_changes_nothing(tmp_path, monkeypatch, call):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(settings(tmp_path, iteration="3-1")))
+    monkeypatch.setenv("MINDSPORE_DUMP_CONFIG", str(bad))
+    obs.reset_context()
+    with pytest.raises(DumpConfigError, match="reversed"):
+        obs.set_context(**call)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(settings(tmp_path, saved_data="statistic")))
+    monkeypatch.setenv("MINDSPORE_DUMP_CONFIG", str(good))
+    obs.set_context(**call)  # the failed call did not count as the first
+    monkeypatch.setenv("MINDSPORE_DUMP_CONFIG", str(bad))
+    obs.set_context(**call)  # read once, as the original: later calls keep the first config
+    try:
+        with obs.step():
+            torch.nn.Linear(4, 2)(torch.randn(3, 4))
+    finally:
+        obs.reset_context()
+    assert list((tmp_path / "dump" / "rank_0" / "Net" / "0" / "0").glob("statistic.csv"))
+
+
 def test_parameters_are_written_as_the_originals_parameter_files(tmp_path):
     folder = run(tmp_path, saved_data="full", steps=2) / "Net" / "0" / "1"
     params = sorted(n for n in files(folder) if n.startswith("Parameter."))
