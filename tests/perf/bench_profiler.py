@@ -19,8 +19,10 @@ opentelemetry-proto), so receiving costs the trainer nothing.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,6 +59,7 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
 
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = url
     tmp = tempfile.mkdtemp(prefix="obs-bench-prof-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     sessions = {}
     for name, levels in (("training_trace", ("training_trace",)), ("task_trace", ("training_trace", "task_trace"))):
         request = ProfileRequest(levels=levels, output=os.path.join(tmp, name), endpoint="", protocol="", steps="",
@@ -120,6 +123,7 @@ def drops_over_1000_steps(url: str) -> dict[str, object]:
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = url
     workload = mlp()
     output = tempfile.mkdtemp(prefix="obs-bench-prof-")  # not ./obs_profile: the benchmark leaves the tree alone
+    atexit.register(shutil.rmtree, output, ignore_errors=True)
     obs.set_context(enable_profiling=True, profiling_options=json.dumps(
         {"output": output, "training_trace": "on", "task_trace": "on"}))
     t0 = time.perf_counter()
