@@ -101,7 +101,7 @@ def _changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[
 def _swap(old: Mapping[str, Any], new: dict[str, Any], source: str) -> None:
     global _values, _called
     changes = _changes(old, new)
-    first = source == "set_context" and not _called
+    first = not _called  # only set_context swaps here; reset_context clears the flag
     if not changes and not first:
         _values = MappingProxyType(new)
         return
