@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from recorder.layout import DEFAULT_CAPACITY, MAGIC, Header, Kind
+from recorder.layout import DEFAULT_CAPACITY, MAGIC, SLOT, Header, Kind
 from recorder.ring import RingWriter
 from recorder.ring_reader import read_ring, read_ring_file
 
@@ -95,7 +95,7 @@ def test_the_first_write_to_a_page_does_not_fault_on_the_training_thread(tmp_pat
     writer = RingWriter(str(tmp_path / "f.obsring"), DEFAULT_CAPACITY, pid=1, rank=0, world_size=1, meta={})
     try:
         mm, region = writer.buffer(), writer.rings["op"]
-        pages = range(region.offset, region.offset + region.capacity * 56, mmap.PAGESIZE)
+        pages = range(region.offset, region.offset + region.capacity * SLOT.size, mmap.PAGESIZE)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for at in pages:
             mm[at] = 1
