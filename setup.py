@@ -7,5 +7,5 @@ setup(ext_modules=[Extension("recorder._hotpath",
                              ["recorder/_hotpath.c", "recorder/_shared.c", "recorder/_module_call.c"], optional=True,
                              depends=["recorder/_shared.h"],
                              extra_compile_args=["-O2"]),
-                   Extension("obs.dump._stats", ["obs/dump/_stats.c"], optional=True,
+                   Extension("obs.dump._stats", ["obs/dump/_stats.c"], optional=True, depends=["obs/dump/_stats_api.h"],
                              extra_compile_args=["-O3"])])

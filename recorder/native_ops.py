@@ -1,10 +1,8 @@
 """Op records from PyTorch's own RecordFunction: the native observer, built once and attached to a ring.
 
-``recorder/_op_observer.cpp`` is compiled against the installed torch with
-``torch.utils.cpp_extension`` the first time op granularity needs it (or ahead of time with
-``python -m recorder.native_ops``), into a cache folder keyed by the source, torch and Python:
-``$OBS_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/obs/native``, else ``~/.cache/obs/native``.
-It is loaded with ctypes.  Where it cannot be built (no compiler, no C hot path) or
+``recorder/_op_observer.cpp`` is compiled against the installed torch the first time op granularity
+needs it (or ahead of time with ``python -m recorder.native_ops``), into obs's cache of native builds
+(:mod:`obs._core.native_build`).  It is loaded with ctypes.  Where it cannot be built (no compiler, no C hot path) or
 ``OBS_NATIVE_OPS=0`` asks for the fallback, :func:`attach` returns None, the recorder keeps the Python dispatch mode,
 and the log says why, once.
 
@@ -16,17 +14,14 @@ that runs it; nested ops are flagged.  It cannot see obs's own suppression of it
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import sys
-import sysconfig
 import threading
 from typing import Any
 
-from obs._core import safe_files
+from obs._core import native_build
 
-__all__ = ["OpObserver", "attach", "build", "cache_dir", "unavailable_reason"]
+__all__ = ["OpObserver", "attach", "build", "unavailable_reason"]
 
 logger = logging.getLogger("obs")
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_op_observer.cpp")
@@ -36,39 +31,9 @@ _reason: str | None = None  # why there is no library (set once a build was trie
 _attached: OpObserver | None = None
 
 
-def cache_dir() -> str:
-    """Where built observers are kept: one folder per source, torch and Python version."""
-    import torch
-
-    root = os.environ.get("OBS_NATIVE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "obs", "native")
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    tag = f"torch{torch.__version__}-{sys.implementation.cache_tag}-{sysconfig.get_platform()}-{digest}"
-    return os.path.join(root, tag.replace("+", "_"))
-
-
-def torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)
-
-
 def build() -> str:
     """Compile the observer (or find it built) and return the shared library's path; raises on failure."""
-    from torch.utils import cpp_extension
-
-    folder = cache_dir()
-    safe_files.ensure_dir(folder)
-    name = "obs_op_observer"
-    path = os.path.join(folder, f"{name}.so")
-    if not os.path.exists(path):
-        logger.warning("obs: building the native op observer for torch %s (once, about 30 s; kept in %s)",
-                       torch_version(), folder)
-        # -DNDEBUG as libtorch itself: RecordFunction's layout differs in debug builds.
-        cpp_extension.load(name=name, sources=[_SOURCE], extra_cflags=["-O2", "-DNDEBUG"], build_directory=folder,
-                           is_python_module=False, verbose=False)
-    return path
+    return native_build.build("obs_op_observer", "native op observer", _SOURCE)
 
 
 def _load() -> ctypes.CDLL | None:

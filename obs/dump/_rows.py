@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from obs.dump import stats
-from obs.dump.stats import compile_contiguous, compile_statistics, csv_header, native_code
+from obs.dump import native_rows, stats
+from obs.dump.stats import compile_contiguous, compile_statistics, csv_header, native_code, native_picks
 
-__all__ = ["Op", "StatisticRows"]
+__all__ = ["Op", "StatisticRows", "each_tensor"]
 
 #: (op type, escaped full name, µs): what names an op's rows and tensor files
 Op = tuple[str, str, int]
@@ -48,26 +48,60 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-class StatisticRows:
-    """The rows of one step; ``add`` while ops run, ``text`` at the end, ``clear`` for the next step."""
+def each_tensor(op: Op, io: str, values: Sequence[Any], sink: Callable[[Op, str, int, torch.Tensor], None]) -> None:
+    """``sink(op, io, slot, tensor)`` for every tensor of ``values``; slots follow positions, a list of tensors
+    taking one slot per item (a non-tensor leaves a gap, as in the original)."""
+    slot = 0
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            sink(op, io, slot, value)
+        elif isinstance(value, (list, tuple)) and value and \
+                all(isinstance(v, torch.Tensor) or v is None for v in value):
+            for item in value:
+                if item is not None:
+                    sink(op, io, slot, item)
+                slot += 1
+            continue
+        slot += 1
 
-    def __init__(self, categories: Sequence[str]) -> None:
+
+class StatisticRows:
+    """The rows of one step; ``add_values`` (or ``add``) while ops run, ``text`` at the end, ``clear`` for the
+    next step.  ``add_values`` is the C++ recorder (obs/dump/_fast_rows.cpp) where it is built and the
+    statistics allow it (no hash), else :func:`each_tensor` over :meth:`add`; ``native=False`` asks for Python."""
+
+    def __init__(self, categories: Sequence[str], *, native: bool = True) -> None:
         self.header = csv_header(categories)
         self._stats = compile_statistics(tuple(categories))
         self._contiguous = compile_contiguous(tuple(categories))  # the C pass on what _by_memory already read
         self._whole = [c in _WHOLE for c in categories]
-        self._rows: list[tuple[Op, str, int, list[Any]]] = []
+        self._rows: list[tuple[Op, str, int, list[Any]]] = []  # the C++ recorder appends to this list: kept
         self._seen: dict[int, tuple[Any, int, list[Any] | None]] = {}
         self._memory: dict[tuple[Any, ...], tuple[Any, list[Any]]] = {}
         self._dtypes: dict[torch.dtype, tuple[int, str, bool]] = {}  # itemsize, name, floating: for the C formatter
+        for dtype in stats.NATIVE_DTYPES:  # the C++ recorder's records: their dtypes are known ahead
+            self._dtype_info(dtype)
+        picks = native_picks(tuple(categories)) if native else None
+        self.native = None if picks is None else native_rows.row_recorder(
+            self._rows, picks[0], picks[1], self.add)
+        self.add_values: Callable[[Op, str, Sequence[Any]], None] = \
+            self.native.add_values if self.native is not None else self._add_values
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def clear(self) -> None:
-        self._rows = []
+        self._rows.clear()
         self._seen.clear()
         self._memory.clear()
+        if self.native is not None:
+            self.native.clear()
+
+    def _add_values(self, op: Op, io: str, values: Sequence[Any]) -> None:
+        each_tensor(op, io, values, self.add)
+
+    def _dtype_info(self, dtype: torch.dtype) -> None:
+        self._dtypes[dtype] = (dtype.itemsize, _dtype_name(dtype), dtype.is_floating_point or dtype.is_complex)
 
     def add(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> None:
         """One row for ``tensor`` (none for a tensor without values: sparse, meta)."""
@@ -86,7 +120,7 @@ class StatisticRows:
     def _record(self, tensor: torch.Tensor, version: int | None) -> list[Any] | None:
         dtype = tensor.dtype
         if dtype not in self._dtypes:
-            self._dtypes[dtype] = (dtype.itemsize, _dtype_name(dtype), dtype.is_floating_point or dtype.is_complex)
+            self._dtype_info(dtype)
         if tensor.layout is not torch.strided or tensor.is_meta:
             record = None
         elif version is None:

@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_stats_api.h"
+
 enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I64 = 4, I32 = 5, I16 = 6, I8 = 7, U8 = 8 };
 
 #ifndef LANES
@@ -356,6 +358,80 @@ static PyObject *m_reduce(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return Py_BuildValue("(ddddLLLLL)", r.mn, r.mx, r.sum, r.sumsq, r.nan, r.pinf, r.ninf, r.zero, r.negzero);
 }
 
+/* The statistics of `n // repeat` distinct elements repeated `repeat` times, in _NATIVE_ORDER (stats.py):
+ * (max, min, avg, count, l2norm, nan, +inf, -inf, zero, -zero, +zero), picked by `picks` into a new list.  max,
+ * min and avg are None when no element is finite; l2norm is NaN with a NaN, Inf with an Inf.  The one
+ * implementation of these values: stats.py calls it through `values`, the C++ row recorder through the
+ * capsule `_C_API`.  NULL with an exception on failure. */
+static PyObject *stats_values(const void *p, Py_ssize_t n, int code, int zeros, Py_ssize_t repeat,
+                              const int *picks, Py_ssize_t npicks) {
+    Stats r;
+    Py_ssize_t distinct = repeat > 0 ? n / repeat : n;
+    if ((size_t)distinct * ITEMSIZE[code] >= (1u << 18)) {
+        Py_BEGIN_ALLOW_THREADS
+        run(p, distinct, code, zeros, &r);
+        Py_END_ALLOW_THREADS
+    } else {
+        run(p, distinct, code, zeros, &r);
+    }
+    long long finite = (long long)distinct - r.nan - r.pinf - r.ninf, k = repeat > 0 ? repeat : 1;
+    double norm = r.nan ? NAN : (r.pinf || r.ninf) ? INFINITY : sqrt(r.sumsq * (double)k);
+    PyObject *out = PyList_New(npicks);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < npicks; i++) {
+        PyObject *v;
+        switch (picks[i]) {
+        case 0: v = finite ? PyFloat_FromDouble(r.mx) : Py_NewRef(Py_None); break;
+        case 1: v = finite ? PyFloat_FromDouble(r.mn) : Py_NewRef(Py_None); break;
+        case 2: v = finite ? PyFloat_FromDouble(r.sum / (double)finite) : Py_NewRef(Py_None); break;
+        case 3: v = PyLong_FromSsize_t(n); break;
+        case 4: v = PyFloat_FromDouble(norm); break;
+        case 5: v = PyLong_FromLongLong(r.nan * k); break;
+        case 6: v = PyLong_FromLongLong(r.pinf * k); break;
+        case 7: v = PyLong_FromLongLong(r.ninf * k); break;
+        case 8: v = PyLong_FromLongLong(r.zero * k); break;
+        case 9: v = PyLong_FromLongLong(r.negzero * k); break;
+        case 10: v = PyLong_FromLongLong((r.zero - r.negzero) * k); break;
+        default: v = Py_NewRef(Py_None); break;
+        }
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+#define MAX_PICKS 32
+
+static PyObject *m_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    void *p;
+    Py_ssize_t n, repeat;
+    long code;
+    int picks[MAX_PICKS];
+    if (nargs != 6 || !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) > MAX_PICKS) {
+        PyErr_SetString(PyExc_TypeError,
+                        "values(address, count, dtype_code, zeros, picks: tuple of at most 32 ints, repeat)");
+        return NULL;
+    }
+    if (buffer_args("values", args, &p, &n, &code) < 0) return NULL;
+    int zeros = PyObject_IsTrue(args[3]);
+    repeat = PyLong_AsSsize_t(args[5]);
+    if (zeros < 0 || (repeat == -1 && PyErr_Occurred())) return NULL;
+    Py_ssize_t npicks = PyTuple_GET_SIZE(args[4]);
+    for (Py_ssize_t i = 0; i < npicks; i++) {
+        long pick = PyLong_AsLong(PyTuple_GET_ITEM(args[4], i));
+        if (pick == -1 && PyErr_Occurred()) return NULL;
+        picks[i] = (int)pick;
+    }
+    if (repeat < 1 || n % repeat) {
+        PyErr_Format(PyExc_ValueError, "values: repeat must divide the count (count %zd, repeat %zd)", n, repeat);
+        return NULL;
+    }
+    return stats_values(p, n, (int)code, zeros, repeat, picks, npicks);
+}
+
 static PyObject *m_finite(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     void *p;
     Py_ssize_t n;
@@ -558,6 +634,8 @@ fail:
 static PyMethodDef methods[] = {
     {"reduce", (PyCFunction)(void (*)(void))m_reduce, METH_FASTCALL,
      "reduce(address, count, dtype_code, zeros) -> (min, max, sum, sumsq, nan, +inf, -inf, zero, -zero)"},
+    {"values", (PyCFunction)(void (*)(void))m_values, METH_FASTCALL,
+     "values(address, count, dtype_code, zeros, picks, repeat) -> the picked statistics (stats._NATIVE_ORDER)"},
     {"finite", (PyCFunction)(void (*)(void))m_finite, METH_FASTCALL,
      "finite(address, count, dtype_code) -> whether no element is NaN or Inf (the NaN check's gate)"},
     {"format_rows", (PyCFunction)(void (*)(void))m_format_rows, METH_FASTCALL,
@@ -575,6 +653,14 @@ PyMODINIT_FUNC PyInit__stats(void) {
         PyModule_AddIntConstant(m, "I64", I64) || PyModule_AddIntConstant(m, "I32", I32) ||
         PyModule_AddIntConstant(m, "I16", I16) || PyModule_AddIntConstant(m, "I8", I8) ||
         PyModule_AddIntConstant(m, "U8", U8)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* For the C++ row recorder (obs/dump/_fast_rows.cpp): stats_values and the finite gate without a Python call. */
+    static ObsStatsApi api = {OBS_STATS_API_VERSION, stats_values, all_finite};
+    PyObject *capsule = PyCapsule_New(&api, "obs.dump._stats._C_API", NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "_C_API", capsule) < 0) {
+        Py_XDECREF(capsule);
         Py_DECREF(m);
         return NULL;
     }

@@ -40,7 +40,7 @@ from obs.dump._files import escape_name, inside, npy_bytes, write_new
 from obs.dump._spans import ModuleSpans
 from obs.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
 from obs.dump.config import DumpConfig
-from obs.dump._rows import Op, StatisticRows
+from obs.dump._rows import Op, StatisticRows, each_tensor
 from obs.runtime.steps import tracker
 from obs.settings.parallel import rank
 
@@ -97,8 +97,9 @@ class DataDump:
         self._graph_dir = self._order_dir = ""
         self._tensors, self._statistics = config.tensors, config.statistics
         self._inputs, self._outputs = config.input_output != 2, config.input_output != 1
-        self.rows = StatisticRows(config.statistic_category)
-        self._sink = self._tensor if self._tensors else self.rows.add  # per tensor; statistics only: the row
+        self.rows = StatisticRows(config.statistic_category, native=self._statistics and not self._tensors)
+        # statistics only: the rows' recorder (C++ where built); with tensor files: each tensor through _tensor
+        self._add = self._each if self._tensors else self.rows.add_values
         self.spans = ModuleSpans()
         self._lock = threading.Lock()
         self._metadata_written = False
@@ -254,27 +255,14 @@ class DataDump:
         try:
             with suppressed():
                 if self._inputs:
-                    self._each(op, "input", (*args, *kwargs.values()) if kwargs else args)
+                    self._add(op, "input", (*args, *kwargs.values()) if kwargs else args)
                 if self._outputs and not name.startswith(UNINITIALISED_OPS):  # garbage until written: not dumped
-                    self._each(op, "output", (output if isinstance(output, (list, tuple)) else (output,),))
+                    self._add(op, "output", (output if isinstance(output, (list, tuple)) else (output,),))
         except Exception as exc:
             report_internal_error("data dump op", exc)
 
     def _each(self, op: Op, io: str, values: Any) -> None:
-        """Dump every tensor of ``values``; slots follow positions, a list of tensors taking one slot per item
-        (a non-tensor leaves a gap, as in the original)."""
-        slot, sink = 0, self._sink
-        for value in values:
-            if isinstance(value, torch.Tensor):
-                sink(op, io, slot, value)
-            elif isinstance(value, (list, tuple)) and value and \
-                    all(isinstance(v, torch.Tensor) or v is None for v in value):
-                for item in value:
-                    if item is not None:
-                        sink(op, io, slot, item)
-                    slot += 1
-                continue
-            slot += 1
+        each_tensor(op, io, values, self._tensor)
 
     def _op(self, kind: str, name: str) -> Op:
         """``(op type, escaped name, µs)`` of an op: the microseconds of its file names and rows are one per op

@@ -118,10 +118,12 @@ _CODES: dict[torch.dtype, int] = {} if native is None else {
     torch.float32: native.F32, torch.float64: native.F64, torch.float16: native.F16, torch.bfloat16: native.BF16,
     torch.int64: native.I64, torch.int32: native.I32, torch.int16: native.I16, torch.int8: native.I8,
     torch.uint8: native.U8, torch.bool: native.U8}
+NATIVE_DTYPES = tuple(_CODES)  #: the dtypes the C pass reads
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses (fake, functional, DTensor) may have no host memory
 #: what _native_values returns, in its order
 _NATIVE_ORDER = ("max", "min", "avg", "count", "l2norm", "nan count", "positive inf count", "negative inf count",
                  "zero count", "negative zero count", "positive zero count")
+_ALL = tuple(range(len(_NATIVE_ORDER)))
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -135,30 +137,14 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _native_values(tensor: torch.Tensor, zeros: bool) -> tuple[Any, ...] | None:
+def _native_values(tensor: torch.Tensor, zeros: bool) -> list[Any] | None:
     """The statistics of a dense CPU tensor (``_NATIVE_ORDER``) through the C pass; None when the torch path
     must do it."""
     t = _host_dense(tensor)
     if t is None:
         return None
     n, distinct = tensor.numel(), t.numel()
-    return _from_raw(native.reduce(t.data_ptr(), distinct, _CODES[t.dtype], zeros), n,
-                     n // distinct if distinct else 1)
-
-
-def _from_raw(raw: tuple[Any, ...], n: int, repeat: int) -> tuple[Any, ...]:
-    """``native.reduce``'s tuple over ``n // repeat`` distinct elements → the values of ``_NATIVE_ORDER``."""
-    lo, hi, total, squares, nan, pos, neg, zero, negzero = raw
-    finite = n // repeat - nan - pos - neg
-    if finite:
-        avg = total / finite
-    else:
-        lo = hi = avg = None
-    norm = math.nan if nan else math.inf if pos or neg else math.sqrt(squares * repeat)
-    if repeat == 1:
-        return hi, lo, avg, n, norm, nan, pos, neg, zero, negzero, zero - negzero
-    return (hi, lo, avg, n, norm, nan * repeat, pos * repeat, neg * repeat, zero * repeat, negzero * repeat,
-            (zero - negzero) * repeat)
+    return native.values(t.data_ptr(), n, _CODES[t.dtype], zeros, _ALL, n // distinct if distinct else 1)
 
 
 def compile_contiguous(categories: tuple[str, ...]) -> Callable[[int, int, int], list[Any]] | None:
@@ -166,16 +152,23 @@ def compile_contiguous(categories: tuple[str, ...]) -> Callable[[int, int, int],
     from :func:`native_code`): the same list as :func:`compile_statistics` gives, without reading the tensor's
     attributes again.  None without the C extension (looked up now: compile once per dump), or when a category (a
     hash) needs the tensor itself."""
-    if native is None or set(categories).intersection(_HASHES):
+    found = native_picks(categories)
+    if found is None:
         return None
-    zeros = bool(set(categories).intersection(_ZEROS))
-    picks = [_NATIVE_ORDER.index(c) for c in categories]
-    reduce = native.reduce
+    picks, zeros = found
+    values = native.values
 
     def run(address: int, n: int, code: int) -> list[Any]:
-        got = _from_raw(reduce(address, n, code, zeros), n, 1)
-        return [got[i] for i in picks]
+        return values(address, n, code, zeros, picks, 1)
     return run
+
+
+def native_picks(categories: tuple[str, ...]) -> tuple[tuple[int, ...], bool] | None:
+    """For the C++ row recorder: the positions of ``categories`` in ``_NATIVE_ORDER`` and whether zero counts are
+    needed; None without the C extension, or when a category (a hash) needs the tensor itself."""
+    if native is None or set(categories).intersection(_HASHES):
+        return None
+    return tuple(_NATIVE_ORDER.index(c) for c in categories), bool(set(categories).intersection(_ZEROS))
 
 
 def native_code(tensor: torch.Tensor, dtype: torch.dtype) -> int | None:

@@ -1,0 +1,342 @@
+// statistic.csv's rows at C++ speed: the per-tensor half of obs/dump/_rows.py for plain CPU tensors.
+//
+// Rows(rows, picks, zeros, slow).add_values(op, io, values) does what StatisticRows.add_values does in
+// Python (each_tensor + add), reading tensors through ATen instead of a dozen Python attribute calls:
+//   - slots follow positions; a list or tuple of tensors (or None) takes one slot per item;
+//   - a plain Tensor or Parameter on the CPU, strided, contiguous, not a negative view, of a dtype the
+//     C pass knows, gets its record here: [values, dtype, shape, None], the values from obs.dump._stats
+//     (through its capsule: one implementation of the statistics);
+//   - records are shared by memory within a step, as in Python: the same live storage, address,
+//     shape, strides, dtype and version hold the same values (inference tensors have no version: not
+//     shared);
+//   - anything else is handed to `slow(op, io, slot, tensor)` (StatisticRows.add), in order.
+// Rows are appended to the caller's list as (op, io, slot, record), so the formatter and the Python
+// path read them unchanged.  clear() forgets the shared records (a new step).
+//
+// Built with torch.utils.cpp_extension against the installed torch (obs/dump/native_rows.py).
+#include <Python.h>
+
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <array>
+#include <cstring>
+#include <unordered_map>
+
+extern "C" {
+#include "_stats_api.h"
+}
+
+namespace {
+
+const ObsStatsApi *g_api = nullptr;
+constexpr int kMaxDims = 8;  // a tensor of more dimensions is not shared (computed each time it is seen)
+constexpr int kMaxPicks = 32;
+
+int code_of(c10::ScalarType type) {  // obs/dump/_stats.c's dtype codes
+  switch (type) {
+    case c10::ScalarType::Float: return 0;
+    case c10::ScalarType::Double: return 1;
+    case c10::ScalarType::Half: return 2;
+    case c10::ScalarType::BFloat16: return 3;
+    case c10::ScalarType::Long: return 4;
+    case c10::ScalarType::Int: return 5;
+    case c10::ScalarType::Short: return 6;
+    case c10::ScalarType::Char: return 7;
+    case c10::ScalarType::Byte:
+    case c10::ScalarType::Bool: return 8;
+    default: return -1;
+  }
+}
+
+struct Key {
+  const void *address;
+  int64_t version;
+  int dtype, dims;
+  std::array<int64_t, 2 * kMaxDims> layout;  // sizes, then strides
+
+  bool operator==(const Key &o) const {
+    return address == o.address && version == o.version && dtype == o.dtype && dims == o.dims &&
+           std::memcmp(layout.data(), o.layout.data(), sizeof(int64_t) * 2 * dims) == 0;
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const Key &k) const {
+    size_t h = std::hash<const void *>()(k.address) ^ (std::hash<int64_t>()(k.version) * 0x9e3779b97f4a7c15ull);
+    for (int i = 0; i < 2 * k.dims; i++) h = h * 31 + std::hash<int64_t>()(k.layout[i]);
+    return h ^ static_cast<size_t>(k.dtype);
+  }
+};
+
+struct Shared {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  PyObject *record;  // a strong reference
+};
+
+using Memory = std::unordered_map<Key, Shared, KeyHash>;
+
+struct RowsObject {
+  PyObject_HEAD
+  PyObject *rows;  // the caller's list
+  PyObject *slow;  // StatisticRows.add
+  int zeros;
+  int picks[kMaxPicks];
+  Py_ssize_t npicks;
+  Memory *memory;
+};
+
+void forget(RowsObject *self) {
+  if (self->memory == nullptr) return;
+  Memory old;
+  old.swap(*self->memory);  // a record's last reference may run arbitrary code: the map is consistent first
+  for (auto &entry : old) Py_DECREF(entry.second.record);
+}
+
+PyObject *new_record(RowsObject *self, const at::Tensor &t, int code) {
+  PyObject *values = g_api->values(t.const_data_ptr(), static_cast<Py_ssize_t>(t.numel()), code, self->zeros, 1,
+                                   self->picks, self->npicks);
+  if (values == nullptr) return nullptr;
+  const auto sizes = t.sizes();
+  PyObject *shape = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
+  PyObject *record = PyList_New(4);
+  if (shape == nullptr || record == nullptr) {
+    Py_DECREF(values);
+    Py_XDECREF(shape);
+    Py_XDECREF(record);
+    return nullptr;
+  }
+  for (size_t i = 0; i < sizes.size(); i++) {
+    PyObject *d = PyLong_FromLongLong(sizes[i]);
+    if (d == nullptr) {
+      Py_DECREF(values);
+      Py_DECREF(shape);
+      Py_DECREF(record);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(shape, i, d);
+  }
+  PyObject *dtype = reinterpret_cast<PyObject *>(torch::getTHPDtype(t.scalar_type()));
+  Py_INCREF(dtype);
+  PyList_SET_ITEM(record, 0, values);
+  PyList_SET_ITEM(record, 1, dtype);
+  PyList_SET_ITEM(record, 2, shape);
+  PyList_SET_ITEM(record, 3, Py_NewRef(Py_None));
+  return record;
+}
+
+// The record of a tensor this file handles (a new reference), shared with another tensor over the same memory.
+PyObject *record_of(RowsObject *self, const at::Tensor &t, int code) {
+  const int dims = static_cast<int>(t.dim());
+  if (t.is_inference() || dims > kMaxDims) return new_record(self, t, code);
+  Key key{t.const_data_ptr(), static_cast<int64_t>(t._version()), static_cast<int>(t.scalar_type()),
+          dims, {}};
+  const auto sizes = t.sizes(), strides = t.strides();
+  for (int i = 0; i < dims; i++) {
+    key.layout[i] = sizes[i];
+    key.layout[dims + i] = strides[i];
+  }
+  c10::StorageImpl *storage = t.storage().unsafeGetStorageImpl();
+  auto found = self->memory->find(key);
+  if (found != self->memory->end()) {
+    if (found->second.storage.lock().get() == storage) return Py_NewRef(found->second.record);
+    Py_DECREF(found->second.record);  // another storage at a freed address: replaced below
+    self->memory->erase(found);
+  }
+  PyObject *record = new_record(self, t, code);
+  if (record == nullptr) return nullptr;
+  self->memory->emplace(key, Shared{t.storage().getWeakStorageImpl(), Py_NewRef(record)});
+  return record;
+}
+
+// One row: here for the tensors this file reads, else through `slow`.  -1 with an exception on failure.
+int add_one(RowsObject *self, PyObject *op, PyObject *io, Py_ssize_t slot, PyObject *value) {
+  int code = -1;
+  const at::Tensor *t = nullptr;
+  if (THPVariable_CheckExact(value)) {
+    t = &THPVariable_Unpack(value);
+    if (t->defined() && t->layout() == c10::kStrided && t->device().is_cpu() && t->has_storage() && !t->is_neg() &&
+        t->is_contiguous())
+      code = code_of(t->scalar_type());
+  }
+  PyObject *index = PyLong_FromSsize_t(slot);
+  if (index == nullptr) return -1;
+  if (code < 0) {
+    PyObject *args[] = {op, io, index, value};
+    PyObject *done = PyObject_Vectorcall(self->slow, args, 4, nullptr);
+    Py_DECREF(index);
+    if (done == nullptr) return -1;
+    Py_DECREF(done);
+    return 0;
+  }
+  PyObject *record = record_of(self, *t, code);
+  if (record == nullptr) {
+    Py_DECREF(index);
+    return -1;
+  }
+  PyObject *row = PyTuple_New(4);
+  if (row == nullptr) {
+    Py_DECREF(index);
+    Py_DECREF(record);
+    return -1;
+  }
+  PyTuple_SET_ITEM(row, 0, Py_NewRef(op));
+  PyTuple_SET_ITEM(row, 1, Py_NewRef(io));
+  PyTuple_SET_ITEM(row, 2, index);
+  PyTuple_SET_ITEM(row, 3, record);
+  int rc = PyList_Append(self->rows, row);
+  Py_DECREF(row);
+  return rc;
+}
+
+// Whether `value` is a non-empty list or tuple of tensors and Nones (one slot per item); -1 on error.
+int tensor_list(PyObject *value) {
+  if (!(PyList_Check(value) || PyTuple_Check(value)) || PySequence_Fast_GET_SIZE(value) == 0) return 0;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(value); i++) {
+    PyObject *item = PySequence_Fast_GET_ITEM(value, i);
+    if (item != Py_None && !THPVariable_Check(item)) return 0;
+  }
+  return 1;
+}
+
+int add_all(RowsObject *self, PyObject *op, PyObject *io, PyObject *values) {
+  PyObject *seq = PySequence_Fast(values, "add_values: values must be a sequence");
+  if (seq == nullptr) return -1;
+  Py_ssize_t slot = 0;
+  int rc = 0;
+  for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+    PyObject *value = PySequence_Fast_GET_ITEM(seq, i);
+    if (THPVariable_Check(value)) {
+      rc = add_one(self, op, io, slot++, value);
+      continue;
+    }
+    int list = tensor_list(value);
+    if (list <= 0) {
+      rc = list;
+      slot++;
+      continue;
+    }
+    Py_INCREF(value);  // a list may change under the slow path's Python code
+    for (Py_ssize_t j = 0; rc == 0 && j < PySequence_Fast_GET_SIZE(value); j++, slot++) {
+      PyObject *item = PySequence_Fast_GET_ITEM(value, j);
+      if (item != Py_None) rc = add_one(self, op, io, slot, item);
+    }
+    Py_DECREF(value);
+  }
+  Py_DECREF(seq);
+  return rc;
+}
+
+PyObject *Rows_add_values(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "add_values(op, io, values) takes 3 arguments");
+    return nullptr;
+  }
+  try {
+    if (add_all(self, args[0], args[1], args[2]) < 0) return nullptr;
+  } catch (const std::exception &e) {  // an ATen error, or python_error from an isinstance check
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject *Rows_clear(RowsObject *self, PyObject *) {
+  forget(self);
+  Py_RETURN_NONE;
+}
+
+int Rows_init(RowsObject *self, PyObject *args, PyObject *kwargs) {
+  PyObject *rows, *picks, *slow;
+  int zeros;
+  static const char *names[] = {"rows", "picks", "zeros", "slow", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!pO:Rows", const_cast<char **>(names), &PyList_Type, &rows,
+                                   &PyTuple_Type, &picks, &zeros, &slow))
+    return -1;
+  if (PyTuple_GET_SIZE(picks) > kMaxPicks || !PyCallable_Check(slow)) {
+    PyErr_SetString(PyExc_ValueError, "Rows: at most 32 picks, and a callable slow path");
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(picks); i++) {
+    long pick = PyLong_AsLong(PyTuple_GET_ITEM(picks, i));
+    if (pick == -1 && PyErr_Occurred()) return -1;
+    self->picks[i] = static_cast<int>(pick);
+  }
+  self->npicks = PyTuple_GET_SIZE(picks);
+  self->zeros = zeros;
+  Py_XSETREF(self->rows, Py_NewRef(rows));
+  Py_XSETREF(self->slow, Py_NewRef(slow));
+  if (self->memory == nullptr) self->memory = new Memory();
+  forget(self);
+  return 0;
+}
+
+void Rows_dealloc(RowsObject *self) {
+  PyObject_GC_UnTrack(self);
+  forget(self);
+  delete self->memory;
+  Py_CLEAR(self->rows);
+  Py_CLEAR(self->slow);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
+}
+
+int Rows_traverse(RowsObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->rows);
+  Py_VISIT(self->slow);  // a bound method of the StatisticRows that holds this object: a cycle
+  if (self->memory != nullptr)
+    for (auto &entry : *self->memory) Py_VISIT(entry.second.record);
+  return 0;
+}
+
+int Rows_clear_refs(RowsObject *self) {
+  forget(self);
+  Py_CLEAR(self->rows);
+  Py_CLEAR(self->slow);
+  return 0;
+}
+
+PyMethodDef rows_methods[] = {
+    {"add_values", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_add_values)), METH_FASTCALL,
+     "add_values(op, io, values): the rows of the tensors in values (slots follow positions)"},
+    {"clear", reinterpret_cast<PyCFunction>(Rows_clear), METH_NOARGS, "forget the records shared so far"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject RowsType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "obs_dump_rows", "statistic.csv's rows at C++ speed", -1,
+                          nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_obs_dump_rows(void) {
+  PyObject *stats = PyImport_ImportModule("obs.dump._stats");  // PyCapsule_Import walks attributes: import it first
+  if (stats == nullptr) return nullptr;
+  Py_DECREF(stats);
+  g_api = static_cast<const ObsStatsApi *>(PyCapsule_Import("obs.dump._stats._C_API", 0));
+  if (g_api == nullptr) return nullptr;
+  if (g_api->version != OBS_STATS_API_VERSION) {
+    PyErr_Format(PyExc_ImportError, "obs.dump._stats has API version %d, this recorder expects %d", g_api->version,
+                 OBS_STATS_API_VERSION);
+    return nullptr;
+  }
+  RowsType.tp_name = "obs_dump_rows.Rows";
+  RowsType.tp_basicsize = sizeof(RowsObject);
+  RowsType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  RowsType.tp_doc = "Rows(rows, picks, zeros, slow): statistic rows appended to `rows`";
+  RowsType.tp_new = PyType_GenericNew;
+  RowsType.tp_init = reinterpret_cast<initproc>(Rows_init);
+  RowsType.tp_dealloc = reinterpret_cast<destructor>(Rows_dealloc);
+  RowsType.tp_traverse = reinterpret_cast<traverseproc>(Rows_traverse);
+  RowsType.tp_clear = reinterpret_cast<inquiry>(Rows_clear_refs);
+  RowsType.tp_methods = rows_methods;
+  if (PyType_Ready(&RowsType) < 0) return nullptr;
+  PyObject *m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  Py_INCREF(&RowsType);
+  if (PyModule_AddObject(m, "Rows", reinterpret_cast<PyObject *>(&RowsType)) < 0) {
+    Py_DECREF(&RowsType);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

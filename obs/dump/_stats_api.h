@@ -1,0 +1,18 @@
+/* What obs.dump._stats lends to other extensions through its capsule "obs.dump._stats._C_API". */
+#ifndef OBS_STATS_API_H
+#define OBS_STATS_API_H
+
+#include <Python.h>
+
+#define OBS_STATS_API_VERSION 1
+
+typedef struct {
+    int version;
+    /* The picked statistics (stats._NATIVE_ORDER) of n elements at p (n / repeat distinct, repeated): a new list. */
+    PyObject *(*values)(const void *p, Py_ssize_t n, int code, int zeros, Py_ssize_t repeat, const int *picks,
+                        Py_ssize_t npicks);
+    /* Whether no element of n at p is NaN or Inf (integers: always). */
+    int (*finite)(const void *p, Py_ssize_t n, int code);
+} ObsStatsApi;
+
+#endif
