@@ -1,0 +1,176 @@
+"""The C++ row recorder (obs/dump/_fast_rows.cpp) writes statistic.csv byte for byte as the Python recorder does:
+dtypes, layouts it hands back to Python, shared memory, in-place writes, slots and gaps, whole dumps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import obs
+from obs.dump import native_rows, stats
+from obs.dump._rows import StatisticRows
+from obs.runtime.steps import tracker
+
+pytest.importorskip("obs.dump._stats", reason="the C extension is not built")
+
+ALL = ("max", "min", "avg", "count", "l2norm", "nan count", "positive inf count", "negative inf count",
+       "zero count", "positive zero count", "negative zero count")
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass: the C++ recorder hands it to the Python path."""
+
+
+def pair(categories):
+    """(C++ recorder, Python recorder) over the same categories; the C++ one must exist."""
+    fast, slow = StatisticRows(categories), StatisticRows(categories, native=False)
+    assert fast.native is not None, f"the native statistic recorder is off: {native_rows.unavailable_reason()}"
+    assert slow.native is None
+    return fast, slow
+
+
+def feed(rows, ops):
+    for i, (io, values) in enumerate(ops):
+        rows.add_values(("Op", f"Default_Op-op{i}", 1_700_000_000_000_000 + i), io, values)
+
+
+def same_text(fast, slow):
+    text = fast.text()
+    assert text == slow.text()
+    return text
+
+
+@pytest.fixture(autouse=True)
+def both_paths(monkeypatch):
+    """These tests compare the two paths: a run of the suite on the Python path (OBS_NATIVE_DUMP=0) keeps both."""
+    monkeypatch.delenv("OBS_NATIVE_DUMP", raising=False)
+
+
+def test_the_native_recorder_is_built_and_used():
+    fast, _ = pair(("max",))
+    assert fast.add_values == fast.native.add_values
+
+
+@pytest.mark.parametrize("categories", [ALL, ("max", "min", "l2norm"), ("count", "zero count", "avg")], ids=str)
+def test_every_dtype_and_layout_gives_the_python_rows(categories):
+    fast, slow = pair(categories)
+    torch.manual_seed(0)
+    base = torch.randn(6, 5)
+    with torch.inference_mode():
+        inference = torch.randn(3)
+    param = torch.nn.Parameter(torch.randn(2, 3))
+    values = [torch.randn(4, 3), torch.randn(3, dtype=torch.float64), torch.randn(7).half(), torch.randn(7).bfloat16(),
+              torch.tensor([1, -5, 2**40]), torch.tensor([3, -3], dtype=torch.int32), torch.tensor([9], dtype=torch.int16),
+              torch.tensor([-8, 0], dtype=torch.int8), torch.tensor([0, 255], dtype=torch.uint8),
+              torch.tensor([True, False, True]), torch.empty(0, 4), torch.tensor(2.5),
+              torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), -0.0, 0.0]),
+              base.t(), base[:, 1], torch.randn(3, 1).expand(3, 4), torch.randn(2, 2, dtype=torch.complex64),
+              torch.randn(4).as_subclass(Tagged), inference, param, torch.randn(2, 2).to_sparse(),
+              torch.randn(1, 1, 1, 1, 1, 1, 1, 1, 1, 2)]
+    ops = [("input", (v,)) for v in values] + [("output", (v,)) for v in values]
+    for rows in (fast, slow):
+        feed(rows, ops)
+    text = same_text(fast, slow)
+    assert len(text.splitlines()) == 1 + 2 * (len(values) - 1)  # the sparse tensor has no row
+
+
+def test_slots_follow_positions_with_gaps_lists_and_nones():
+    fast, slow = pair(("max", "min"))
+    a, b, c = torch.randn(2), torch.randn(3), torch.randn(4)
+    ops = [("input", (a, 3, [b, None, c], (), "x", torch.Size([2, 2]), (a,), [1, 2], b)),
+           ("output", ([a, b],)), ("output", ((None, c),)), ("input", ())]
+    for rows in (fast, slow):
+        feed(rows, ops)
+    text = same_text(fast, slow)
+    slots = [line.split(",")[6] for line in text.splitlines()[1:]]
+    assert slots == ["0", "2", "4", "8", "10", "0", "1", "1"]
+
+
+def test_shared_memory_in_place_writes_and_reused_addresses_give_the_python_rows():
+    fast, slow = pair(ALL)
+    torch.manual_seed(1)
+    t = torch.randn(5, 4)
+    ops = [("output", (t,)), ("input", (t.view(20),)), ("input", (t[0],)), ("input", (t,))]
+    for rows in (fast, slow):
+        feed(rows, ops)
+    t.mul_(2)  # a new version: new values
+    for rows in (fast, slow):
+        feed(rows, [("input", (t,))])
+    for _ in range(3):  # freed tensors whose memory the allocator hands to the next one
+        u = torch.full((5, 4), float(_))
+        for rows in (fast, slow):
+            feed(rows, [("output", (u,))])
+        del u
+    text = same_text(fast, slow)
+    lines = text.splitlines()[1:]
+    stats_of = [line.split(",")[-len(ALL):] for line in lines]  # the shape's commas are quoted: count from the end
+    assert stats_of[0] == stats_of[3] != stats_of[4]
+    assert [s[0] for s in stats_of[5:]] == ["0.0", "1.0", "2.0"]
+
+
+def test_clear_starts_a_new_step():
+    fast, slow = pair(("max",))
+    t = torch.ones(3)
+    for rows in (fast, slow):
+        feed(rows, [("output", (t,))])
+        rows.clear()
+        assert len(rows) == 0
+    with torch.no_grad():
+        t.data.fill_(4.0)  # unseen by the version counter: a new step reads it again
+    for rows in (fast, slow):
+        feed(rows, [("output", (t,))])
+    assert same_text(fast, slow).splitlines()[1].endswith(",4.0")
+
+
+def test_a_hash_category_and_the_switch_keep_the_python_path(monkeypatch):
+    assert StatisticRows(("md5", "max")).native is None
+    monkeypatch.setenv("OBS_NATIVE_DUMP", "0")
+    assert StatisticRows(("max",)).native is None
+
+
+def test_a_failing_python_path_raises_through_the_native_recorder():
+    rows = StatisticRows(("max",))
+    assert rows.native is not None
+
+    class Broken(torch.Tensor):
+        @property
+        def dtype(self):
+            raise RuntimeError("no dtype here")
+
+    with pytest.raises(RuntimeError, match="no dtype here"):
+        rows.add_values(("Op", "x", 1), "input", (torch.randn(2).as_subclass(Broken),))
+    with pytest.raises(TypeError):
+        rows.native.add_values(("Op", "x", 1), "input")
+
+
+def test_a_whole_dump_writes_the_same_statistic_csv_on_both_paths(tmp_path, monkeypatch):
+    def dump(folder):
+        cfg = {"common_dump_settings": {
+            "dump_mode": 0, "path": str(folder), "net_name": "Net", "iteration": "0-1", "saved_data": "statistic",
+            "input_output": 0, "kernels": [], "support_device": [0], "statistic_category": list(ALL)}}
+        (tmp_path / "env.json").write_text(__import__("json").dumps({"dump": cfg}))
+        obs.set_context(env_config_path=str(tmp_path / "env.json"))
+        try:
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                      torch.nn.Flatten(), torch.nn.Linear(36, 2))
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            for _ in range(2):
+                torch.nn.functional.cross_entropy(net(torch.randn(4, 3, 8, 8)), torch.tensor([0, 1, 1, 0])).backward()
+                opt.step()
+                opt.zero_grad()
+        finally:
+            obs.reset_context()
+            tracker.reset()
+        texts = []
+        for iteration in ("0", "1"):
+            lines = (folder / "rank_0" / "Net" / "0" / iteration / "statistic.csv").read_text().splitlines()
+            texts.append([",".join(line.split(",")[:4] + line.split(",")[5:]) for line in lines])  # no timestamps
+        return texts
+
+    native = dump(tmp_path / "native")
+    monkeypatch.setenv("OBS_NATIVE_DUMP", "0")
+    python = dump(tmp_path / "python")
+    assert native == python
+    assert len(native[1]) > 40
+    assert any(",Gradients_" in line for line in native[1])  # backward ops, named after their forward modules
