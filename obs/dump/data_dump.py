@@ -62,9 +62,9 @@ def op_type(name: str) -> str:
 
 
 def _write_fresh(path: str, text: str) -> None:
-    """``path`` created in place (a new iteration folder), or replaced whole when an earlier run left one."""
+    """``path`` created in place (in a folder made this step), or replaced whole when an earlier run left one."""
     try:
-        write_new(path, text.encode())
+        write_new(path, text.encode(), folder_ready=True)
     except FileExistsError:
         safe_files.write_atomic(path, text, fsync=False)
 
@@ -95,6 +95,7 @@ class DataDump:
         self._last_stamp = 0
         self._rank = -1
         self._graph_dir = self._order_dir = ""
+        self._graph_checked = self._folder_made = False
         self._tensors, self._statistics = config.tensors, config.statistics
         self._inputs, self._outputs = config.input_output != 2, config.input_output != 1
         self.rows = StatisticRows(config.statistic_category, native=self._statistics and not self._tensors)
@@ -186,9 +187,10 @@ class DataDump:
             if r != self._rank:  # the folders of this rank, checked once
                 self._rank, rank_dir = r, self.rank_dir()
                 self._graph_dir = inside(rank_dir, self.config.net_name, str(GRAPH_ID))
+                self._graph_checked = False
                 self._order_dir = inside(rank_dir, "execution_order", escape=False)
-            # created with its first file (safe_files.create_file makes the missing folders): one walk, not two
-            self._folder = os.path.join(self._graph_dir, str(iteration))
+            self._folder = os.path.join(self._graph_dir, str(iteration))  # made with its first file
+            self._folder_made = False
 
     def _on_module(self, scope: str, module: Any) -> None:
         """The root module's first call in a dumped step: its parameters, as the original's Parameter files."""
@@ -212,25 +214,42 @@ class DataDump:
         # execution order is rewritten only when it changed.
         self.active = False
         with suppressed():
+            folder = self._made_folder()  # the iteration's folder, even when no tensor was selected
             if self._statistics:
-                _write_fresh(os.path.join(self._folder, "statistic.csv"), self.rows.text())
-            else:  # the iteration's folder, even when no tensor was selected
-                safe_files.ensure_dir(self._folder)
+                _write_fresh(os.path.join(folder, "statistic.csv"), self.rows.text())
             self._dumped.append(self.iteration)
             order = self._order_dir  # its files are created with their folder
+            global_order = os.path.join(order, f"ms_global_execution_order_graph_{GRAPH_ID}.csv")
+            try:
+                if len(self._dumped) > 1:
+                    _append(global_order, f"{self.iteration}\n")
+            except FileNotFoundError:  # removed during the run: both files are written again, from this iteration
+                self._written_order = None
+                safe_files.write_atomic(global_order, f"{self.iteration}\n", fsync=False)
+            if len(self._dumped) == 1:
+                safe_files.write_atomic(global_order, f"{self.iteration}\n", fsync=False)
             if self._order != self._written_order:
                 safe_files.write_atomic(os.path.join(order, f"ms_execution_order_graph_{GRAPH_ID}.csv"),
                                         ORDER_HEADER + "\n" + "".join(f"{n}\n" for n in self._order), fsync=False)
                 self._written_order = self._order
-            global_order = os.path.join(order, f"ms_global_execution_order_graph_{GRAPH_ID}.csv")
-            if len(self._dumped) == 1:
-                safe_files.write_atomic(global_order, f"{self.iteration}\n", fsync=False)
-            else:
-                _append(global_order, f"{self.iteration}\n")
         if len(self._dumped) == 1:  # obs run lists the folder of the iterations once, not each of them
             outputs.wrote("data dump", self._graph_dir)
         self._order = []
         self.rows.clear()
+
+    def _made_folder(self) -> str:
+        """This step's iteration folder, made on first use: the graph folder is walked and checked once
+        (:func:`obs._core.safe_files.ensure_dir`, ~10 syscalls), each iteration folder is one ``mkdir`` in it."""
+        if not self._folder_made:
+            try:
+                if not self._graph_checked:
+                    safe_files.ensure_dir(self._graph_dir)
+                    self._graph_checked = True
+                os.mkdir(self._folder, safe_files.DIR_MODE)
+            except OSError:  # left by an earlier run, or the folders were removed meanwhile: the full walk
+                safe_files.ensure_dir(self._folder)
+            self._folder_made = True
+        return self._folder
 
     # -- ops --------------------------------------------------------------------------------------
     def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
@@ -281,9 +300,9 @@ class DataDump:
     def _tensor(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> None:
         if self._tensors and tensor.layout is torch.strided and not tensor.is_meta:
             kind, name, stamp = op
-            path = os.path.join(self._folder, f"{kind}.{name}.0.0.{stamp}.{io}.{slot}.DefaultFormat."
-                                              f"{ms_dtype(tensor)}.npy")
+            path = os.path.join(self._made_folder(), f"{kind}.{name}.0.0.{stamp}.{io}.{slot}.DefaultFormat."
+                                                     f"{ms_dtype(tensor)}.npy")
             header, data = npy_bytes(host_array(tensor))
-            write_new(path, header, data)
+            write_new(path, header, data, folder_ready=True)
         if self._statistics:
             self.rows.add(op, io, slot, tensor)

@@ -357,3 +357,30 @@ def test_a_run_that_ends_before_its_iterations_is_told_so(tmp_path):
     finally:
         obs.reset_context()
         tracker.reset()
+
+
+def test_a_dump_folder_removed_during_the_run_is_made_again(tmp_path):
+    """Each iteration folder is one mkdir in the checked graph folder; when that is gone, the full walk remakes it."""
+    import shutil
+
+    path = tmp_path / "env.json"
+    path.write_text(json.dumps({"dump": settings(tmp_path, saved_data="statistic")}))
+    obs.set_context(env_config_path=str(path))
+    try:
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for step in range(3):
+            if step == 2:
+                shutil.rmtree(tmp_path / "dump")
+            net(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        obs.reset_context()
+        tracker.reset()
+    graph = tmp_path / "dump" / "rank_0" / "Net" / "0"
+    assert sorted(p.name for p in graph.iterdir()) == ["2"]
+    assert (graph / "2" / "statistic.csv").read_text().startswith("Op Type,Op Name,")
+    order = tmp_path / "dump" / "rank_0" / "execution_order"
+    assert (order / "ms_global_execution_order_graph_0.csv").read_text() == "2\n"
+    assert (order / "ms_execution_order_graph_0.csv").read_text().startswith("NodeExecutionOrder-FullNameWithScope\n")
