@@ -256,14 +256,22 @@ INT_KERNEL(fast_i8, int8_t, NARROW, int32_t, 1)
 INT_KERNEL(fast_u8, uint8_t, NARROW, int32_t, 1)
 
 /* The NaN/Inf gate: the largest magnitude's bits (sign cleared) reach the exponent's all-ones pattern only
- * for Inf and NaN.  Exact (nothing to overflow), one and + one max per element. */
+ * for Inf and NaN.  Exact (nothing to overflow), one and + one max per element, in LANES independent
+ * accumulators (one accumulator chains every max on the one before: half the speed of the statistics pass). */
 #define MAXBITS(NAME, T, MASK)                                                                       \
     CLONES static T NAME(const T *x, Py_ssize_t n) {                                                 \
-        T top = 0;                                                                                   \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                         \
+        T lanes[LANES] = {0}, top = 0;                                                               \
+        Py_ssize_t i = 0;                                                                            \
+        for (; i + LANES <= n; i += LANES)                                                           \
+            for (int k = 0; k < LANES; k++) {                                                        \
+                T u = x[i + k] & (T)(MASK);                                                          \
+                lanes[k] = u > lanes[k] ? u : lanes[k];                                              \
+            }                                                                                        \
+        for (; i < n; i++) {                                                                         \
             T u = x[i] & (T)(MASK);                                                                  \
             top = u > top ? u : top;                                                                 \
         }                                                                                            \
+        for (int k = 0; k < LANES; k++) top = lanes[k] > top ? lanes[k] : top;                       \
         return top;                                                                                  \
     }
 

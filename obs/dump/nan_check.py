@@ -46,6 +46,11 @@ FINITE_PRESERVING = frozenset({
 _KNOWN_MAX = 4096  # tensors known finite in one step, at most
 
 
+def _tensors_of(value: Any, where: str) -> Any:
+    """``tensors_in((value,))``, without the generator for the common case: ``value`` is one tensor (``where``)."""
+    return ((where, value),) if isinstance(value, torch.Tensor) else tensors_in((value,))
+
+
 class NonFiniteError(FloatingPointError):
     """Raised (``action="raise"``) where the first NaN/Inf appeared; ``capture`` is its dump folder."""
 
@@ -106,7 +111,7 @@ class NanCheck:
             self._finite_step = tracker.step
         derived = type(module) in FINITE_PRESERVING and self._all_finite(args)
         watched = None
-        for where, tensor in tensors_in((output,)):
+        for where, tensor in _tensors_of(output, "args[0]"):
             # A container's output, a flatten: the same elements are checked once.  The last tensor checked must
             # still be alive, or its memory could hold another tensor at the same address.
             key = (tensor.data_ptr(), tensor.numel(), tensor._version)
@@ -131,7 +136,7 @@ class NanCheck:
         """Whether every tensor of ``args`` was found finite in this step and is unchanged since (same memory,
         size and version, still alive)."""
         found = False
-        for _, tensor in tensors_in(args):
+        for _, tensor in _tensors_of(args[0], "") if len(args) == 1 else tensors_in(args):
             ref = self._finite.get((tensor.data_ptr(), tensor.numel(), tensor._version))
             if ref is None or ref() is None:
                 return False

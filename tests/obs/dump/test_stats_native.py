@@ -282,3 +282,16 @@ def test_a_data_dump_through_the_torch_path_matches_the_c_path(tmp_path, monkeyp
         assert a[:4] == b[:4] and a[5:10] == b[5:10]  # names, io, slot, size, dtype, shape (not the µs)
         for x, y in zip(a[10:], b[10:]):
             assert x == y or float(x) == pytest.approx(float(y), rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_the_gate_sees_one_nan_or_inf_at_any_position(dtype):
+    """The gate's lanes and its tail: a single bad element anywhere in 16 lanes and a partial block is found."""
+    for n in (1, 15, 16, 17, 47):
+        for i in range(n):
+            for bad in (float("nan"), float("inf"), -float("inf")):
+                t = torch.ones(n, dtype=dtype)
+                t[i] = bad
+                assert not native.finite(t.data_ptr(), n, stats._CODES[dtype]), (n, i, bad)
+        t = torch.full((n,), torch.finfo(dtype).max, dtype=dtype)
+        assert native.finite(t.data_ptr(), n, stats._CODES[dtype])
