@@ -490,6 +490,19 @@ static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
     return 0;
 }
 
+/* Decimal digits of v (snprintf's "%lld" without its format parsing: statistic.csv writes several per row). */
+static int buf_int(Buf *b, long long v) {
+    char text[24];
+    int n = sizeof text;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        text[--n] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0) text[--n] = '-';
+    return buf_put(b, text + n, (Py_ssize_t)sizeof text - n);
+}
+
 static int buf_str(Buf *b, PyObject *text) { /* a str, as UTF-8 */
     Py_ssize_t n;
     const char *s = PyUnicode_AsUTF8AndSize(text, &n);
@@ -524,11 +537,7 @@ static int buf_number(Buf *b, PyObject *v, int whole) {
     if (PyLong_CheckExact(v)) {
         int overflow;
         long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (!overflow && !(x == -1 && PyErr_Occurred())) {
-            char text[32];
-            int n = snprintf(text, sizeof text, "%lld", x);
-            return buf_put(b, text, n);
-        }
+        if (!overflow && !(x == -1 && PyErr_Occurred())) return buf_int(b, x);
         PyErr_Clear();
     }
     return buf_obj(b, v);
@@ -551,7 +560,6 @@ static PyObject *record_text(PyObject *record, PyObject *whole, PyObject *dtypes
     int floating = PyObject_IsTrue(PyTuple_GET_ITEM(info, 2));
     if ((itemsize == -1 || floating < 0) && PyErr_Occurred()) return NULL;
     Buf b = {0};
-    char num[32];
     long long size = itemsize;
     Py_ssize_t dims = PyTuple_GET_SIZE(shape);
     for (Py_ssize_t i = 0; i < dims; i++) {
@@ -559,12 +567,12 @@ static PyObject *record_text(PyObject *record, PyObject *whole, PyObject *dtypes
         if (d == -1 && PyErr_Occurred()) goto fail;
         size *= d;
     }
-    int n = snprintf(num, sizeof num, "%lld,", size);
-    if (buf_put(&b, num, n) < 0 || buf_str(&b, PyTuple_GET_ITEM(info, 1)) < 0 || buf_put(&b, ",\"(", 3) < 0)
+    if (buf_int(&b, size) < 0 || buf_put(&b, ",", 1) < 0 || buf_str(&b, PyTuple_GET_ITEM(info, 1)) < 0 ||
+        buf_put(&b, ",\"(", 3) < 0)
         goto fail;
     for (Py_ssize_t i = 0; i < dims; i++) {
-        n = snprintf(num, sizeof num, i ? ",%lld" : "%lld", PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)));
-        if (buf_put(&b, num, n) < 0) goto fail;
+        if ((i && buf_put(&b, ",", 1) < 0) || buf_int(&b, PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i))) < 0)
+            goto fail;
     }
     if (buf_put(&b, ")\"", 2) < 0) goto fail;
     Py_ssize_t count = PyList_GET_SIZE(values);
@@ -589,7 +597,6 @@ static PyObject *m_format_rows(PyObject *self, PyObject *const *args, Py_ssize_t
     PyObject *rows = args[0], *whole = args[2], *dtypes = args[3], *last_op = NULL;
     Buf b = {0};
     Py_ssize_t prefix_at = 0, prefix_len = 0;
-    char num[48];
     if (buf_str(&b, args[1]) < 0 || buf_put(&b, "\n", 1) < 0) goto fail;
     for (Py_ssize_t r = 0; r < PyList_GET_SIZE(rows); r++) {
         PyObject *row = PyList_GET_ITEM(rows, r);
@@ -617,8 +624,9 @@ static PyObject *m_format_rows(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         long long slot = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 2));
         if (slot == -1 && PyErr_Occurred()) goto fail;
-        int n = snprintf(num, sizeof num, ",%lld,", slot);
-        if (buf_str(&b, PyTuple_GET_ITEM(row, 1)) < 0 || buf_put(&b, num, n) < 0) goto fail;
+        if (buf_str(&b, PyTuple_GET_ITEM(row, 1)) < 0 || buf_put(&b, ",", 1) < 0 || buf_int(&b, slot) < 0 ||
+            buf_put(&b, ",", 1) < 0)
+            goto fail;
         if (!PyList_Check(record) || PyList_GET_SIZE(record) != 4) {
             PyErr_SetString(PyExc_TypeError, "format_rows: a record is [values, dtype, shape, text]");
             goto fail;

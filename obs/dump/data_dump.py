@@ -253,12 +253,15 @@ class DataDump:
 
     # -- ops --------------------------------------------------------------------------------------
     def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
-        if not self.active or name.startswith(_NOT_OPS):
+        if not self.active:
             return
-        n, self._count = self._count, self._count + 1
         kind = self._types.get(name)
-        if kind is None:
-            kind = self._types[name] = escape_name(op_type(name), limit=48)
+        if kind is None:  # "" for what is not a computation
+            kind = self._types[name] = "" if name.startswith(_NOT_OPS) else escape_name(op_type(name), limit=48)
+        if not kind:
+            return
+        n = self._count
+        self._count = n + 1
         node = current_node()
         if node is not None:  # run by autograd: named after the forward module that made the node
             scope = "Gradients/" + (self.spans.module_of(node) or "Default")
