@@ -8,6 +8,11 @@ object for a saved forward output; a view with the same layout): the same storag
 same address, shape, strides, dtype and version hold the same values.  :meth:`StatisticRows.text` then
 formats each record once and every row from it, in one tight loop instead of a little at a time
 between the training step's kernels.
+
+Plain CPU tensors are recorded by a C++ recorder (``obs/dump/_fast_rows.cpp``, through
+:mod:`obs.dump.native_rows`) that reads them through ATen and appends the same rows to the same list;
+it hands every other tensor back to :meth:`StatisticRows.add`, so rows stay in order.  The Python
+path here is the reference the tests hold it to, and the fallback where it is not built.
 """
 
 from __future__ import annotations
