@@ -155,8 +155,8 @@ int add_one(RowsObject *self, PyObject *op, PyObject *io, Py_ssize_t slot, PyObj
   const at::Tensor *t = nullptr;
   if (THPVariable_CheckExact(value)) {
     t = &THPVariable_Unpack(value);
-    if (t->defined() && t->layout() == c10::kStrided && t->device().is_cpu() && t->has_storage() && !t->is_neg() &&
-        t->is_contiguous())
+    if (t->defined() && t->layout() == c10::kStrided && t->device().is_cpu() && !t->is_nested() && t->has_storage() &&
+        !t->is_neg() && t->is_contiguous())
       code = code_of(t->scalar_type());
   }
   PyObject *index = PyLong_FromSsize_t(slot);
@@ -230,6 +230,10 @@ int add_all(RowsObject *self, PyObject *op, PyObject *io, PyObject *values) {
 PyObject *Rows_add_values(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "add_values(op, io, values) takes 3 arguments");
+    return nullptr;
+  }
+  if (self->rows == nullptr || self->memory == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "Rows.__init__(rows, picks, zeros, slow) was not called");
     return nullptr;
   }
   try {

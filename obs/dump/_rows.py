@@ -109,7 +109,7 @@ class StatisticRows:
         self._dtypes[dtype] = (dtype.itemsize, _dtype_name(dtype), dtype.is_floating_point or dtype.is_complex)
 
     def add(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> None:
-        """One row for ``tensor`` (none for a tensor without values: sparse, meta)."""
+        """One row for ``tensor`` (none for a tensor without strided values of one shape: sparse, meta, nested)."""
         try:
             version = tensor._version
         except RuntimeError:  # an inference tensor has no version counter: not shared
@@ -126,7 +126,7 @@ class StatisticRows:
         dtype = tensor.dtype
         if dtype not in self._dtypes:
             self._dtype_info(dtype)
-        if tensor.layout is not torch.strided or tensor.is_meta:
+        if tensor.layout is not torch.strided or tensor.is_meta or tensor.is_nested:  # no single shape: no row
             record = None
         elif version is None:
             record = [self._stats(tensor), dtype, tensor.shape, None]

@@ -301,7 +301,7 @@ class DataDump:
         return entry
 
     def _tensor(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> None:
-        if self._tensors and tensor.layout is torch.strided and not tensor.is_meta:
+        if self._tensors and tensor.layout is torch.strided and not tensor.is_meta and not tensor.is_nested:
             kind, name, stamp = op
             path = os.path.join(self._made_folder(), f"{kind}.{name}.0.0.{stamp}.{io}.{slot}.DefaultFormat."
                                                      f"{ms_dtype(tensor)}.npy")

@@ -60,7 +60,8 @@ def test_every_dtype_and_layout_gives_the_python_rows(categories):
         inference = torch.randn(3)
     param = torch.nn.Parameter(torch.randn(2, 3))
     values = [torch.randn(4, 3), torch.randn(3, dtype=torch.float64), torch.randn(7).half(), torch.randn(7).bfloat16(),
-              torch.tensor([1, -5, 2**40]), torch.tensor([3, -3], dtype=torch.int32), torch.tensor([9], dtype=torch.int16),
+              torch.tensor([1, -5, 2**40]), torch.tensor([3, -3], dtype=torch.int32),
+              torch.tensor([9], dtype=torch.int16),
               torch.tensor([-8, 0], dtype=torch.int8), torch.tensor([0, 255], dtype=torch.uint8),
               torch.tensor([True, False, True]), torch.empty(0, 4), torch.tensor(2.5),
               torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), -0.0, 0.0]),
@@ -141,6 +142,16 @@ def test_a_failing_python_path_raises_through_the_native_recorder():
         rows.add_values(("Op", "x", 1), "input", (torch.randn(2).as_subclass(Broken),))
     with pytest.raises(TypeError):
         rows.native.add_values(("Op", "x", 1), "input")
+    with pytest.raises(TypeError, match="was not called"):
+        type(rows.native).__new__(type(rows.native)).add_values(("Op", "x", 1), "input", ())
+
+
+def test_nested_tensors_take_the_python_path():
+    fast, slow = pair(("max", "min"))
+    nested = torch.nested.nested_tensor([torch.randn(2), torch.randn(3)])
+    for rows in (fast, slow):
+        feed(rows, [("output", (nested, torch.ones(2)))])
+    assert same_text(fast, slow).count("\n") == 2  # the nested tensor has no row (no strided values to read)
 
 
 def test_a_whole_dump_writes_the_same_statistic_csv_on_both_paths(tmp_path, monkeypatch):
