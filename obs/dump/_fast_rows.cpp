@@ -13,6 +13,12 @@
 // Rows are appended to the caller's list as (op, io, slot, record), so the formatter and the Python
 // path read them unchanged.  clear() forgets the shared records (a new step).
 //
+// After name_ops(...), on_op(name, args, kwargs, output) is DataDump._on_op (obs/dump/data_dump.py) for
+// an OP_OUTPUT subscriber without a Python frame per op: while `active`, it names the op
+// (`{scope}/{Kind}-op{n}`; backward ops under Gradients/ and their forward module), appends its
+// execution-order line, stamps it and records the rows of its inputs and outputs.  Whatever is done once
+// per op type or full name (escaping, the kernels filter) stays in Python, called on a cache miss.
+//
 // Built with torch.utils.cpp_extension against the installed torch (obs/dump/native_rows.py).
 #include <Python.h>
 
@@ -30,6 +36,7 @@ extern "C" {
 namespace {
 
 const ObsStatsApi *g_api = nullptr;
+PyObject *g_input = nullptr, *g_output = nullptr;  // "input", "output": the rows' io
 constexpr int kMaxDims = 8;  // a tensor of more dimensions is not shared (computed each time it is seen)
 constexpr int kMaxPicks = 32;
 
@@ -76,6 +83,10 @@ struct Shared {
 
 using Memory = std::unordered_map<Key, Shared, KeyHash>;
 
+// on_op's Python references, for dealloc, GC traversal and clearing
+#define OP_STATE(X) \
+  X(types) X(new_kind) X(names) X(name_entry) X(order) X(module_of) X(current_node) X(suppression) X(uninitialised)
+
 struct RowsObject {
   PyObject_HEAD
   PyObject *rows;  // the caller's list
@@ -84,6 +95,12 @@ struct RowsObject {
   int picks[kMaxPicks];
   Py_ssize_t npicks;
   Memory *memory;
+  // on_op's state (name_ops): see DataDump for what each is
+  PyObject *types, *new_kind, *names, *name_entry, *order, *module_of, *current_node, *suppression,
+      *uninitialised;
+  int active, inputs, outputs;
+  Py_ssize_t count;
+  long long last_stamp;
 };
 
 void forget(RowsObject *self) {
@@ -279,12 +296,18 @@ void Rows_dealloc(RowsObject *self) {
   PyObject_GC_UnTrack(self);
   forget(self);
   delete self->memory;
+#define CLEAR(f) Py_CLEAR(self->f);
+  OP_STATE(CLEAR)
+#undef CLEAR
   Py_CLEAR(self->rows);
   Py_CLEAR(self->slow);
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
 }
 
 int Rows_traverse(RowsObject *self, visitproc visit, void *arg) {
+#define VISIT(f) Py_VISIT(self->f);
+  OP_STATE(VISIT)
+#undef VISIT
   Py_VISIT(self->rows);
   Py_VISIT(self->slow);  // a bound method of the StatisticRows that holds this object: a cycle
   if (self->memory != nullptr)
@@ -294,15 +317,198 @@ int Rows_traverse(RowsObject *self, visitproc visit, void *arg) {
 
 int Rows_clear_refs(RowsObject *self) {
   forget(self);
+#define CLEAR(f) Py_CLEAR(self->f);
+  OP_STATE(CLEAR)
+#undef CLEAR
   Py_CLEAR(self->rows);
   Py_CLEAR(self->slow);
   return 0;
 }
 
+
+// ---- on_op: DataDump._on_op without a Python frame ------------------------------------------------
+
+long long next_stamp(RowsObject *self) {  // microseconds, increasing: one per op, shared with Python's stamps
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  long long now = static_cast<long long>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+  self->last_stamp = now > self->last_stamp ? now : self->last_stamp + 1;
+  return self->last_stamp;
+}
+
+// A new reference to d[key], else to miss(key) (which fills d); NULL with an exception.
+PyObject *cached(PyObject *d, PyObject *key, PyObject *miss) {
+  PyObject *found = PyDict_GetItemWithError(d, key);
+  if (found != nullptr) return Py_NewRef(found);
+  if (PyErr_Occurred()) return nullptr;
+  return PyObject_CallOneArg(miss, key);
+}
+
+// The op's scope: Gradients/{forward module} in backward, else the innermost module in flight (new reference).
+PyObject *scope_of(RowsObject *self) {
+  PyObject *node = PyObject_CallNoArgs(self->current_node);
+  if (node == nullptr) return nullptr;
+  if (node != Py_None) {
+    PyObject *module = PyObject_CallOneArg(self->module_of, node);
+    Py_DECREF(node);
+    if (module == nullptr) return nullptr;
+    int named = PyObject_IsTrue(module);
+    PyObject *scope = named < 0 ? nullptr
+                                : named ? PyUnicode_FromFormat("Gradients/%U", module)
+                                        : PyUnicode_FromString("Gradients/Default");
+    Py_DECREF(module);
+    return scope;
+  }
+  Py_DECREF(node);
+  PyObject *stack = PyObject_GetAttrString(self->suppression, "stack");
+  if (stack == nullptr) return nullptr;
+  Py_ssize_t depth = PyList_Check(stack) ? PyList_GET_SIZE(stack) : 0;
+  PyObject *scope = depth ? Py_NewRef(PyList_GET_ITEM(stack, depth - 1)) : PyUnicode_FromString("Default");
+  Py_DECREF(stack);
+  return scope;
+}
+
+int record_op(RowsObject *self, PyObject *name, PyObject *kind, PyObject *const *args, Py_ssize_t nargs) {
+  PyObject *scope = scope_of(self);
+  if (scope == nullptr) return -1;
+  PyObject *full = PyUnicode_FromFormat("%U/%U-op%zd", scope, kind, self->count++);
+  Py_DECREF(scope);
+  if (full == nullptr) return -1;
+  PyObject *entry = cached(self->names, full, self->name_entry);  // (order line, escaped name, dumped)
+  Py_DECREF(full);
+  if (entry == nullptr) return -1;
+  int rc = -1, wanted = 0;
+  if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) {
+    PyErr_SetString(PyExc_TypeError, "on_op: a name entry is (order line, escaped name, dumped)");
+  } else if (PyList_Append(self->order, PyTuple_GET_ITEM(entry, 0)) == 0 &&
+             (wanted = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 2))) >= 0) {
+    rc = 0;
+  }
+  if (rc < 0 || !wanted) {
+    Py_DECREF(entry);
+    return rc;
+  }
+  PyObject *op = Py_BuildValue("(OOL)", kind, PyTuple_GET_ITEM(entry, 1), next_stamp(self));
+  Py_DECREF(entry);
+  if (op == nullptr) return -1;
+  if (self->inputs) {  // positional arguments, then keyword arguments' values
+    PyObject *kw = args[2], *values;
+    if (PyDict_Check(kw) && PyDict_GET_SIZE(kw)) {
+      values = PySequence_List(args[1]);
+      PyObject *extra = values == nullptr ? nullptr : PyDict_Values(kw);
+      if (extra == nullptr || PyList_SetSlice(values, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, extra) < 0) Py_CLEAR(values);
+      Py_XDECREF(extra);
+    } else {
+      values = Py_NewRef(args[1]);
+    }
+    rc = values == nullptr ? -1 : add_all(self, op, g_input, values);
+    Py_XDECREF(values);
+  }
+  if (rc == 0 && self->outputs) {
+    int garbage = 0;  // the name starts with one of `uninitialised`
+    for (Py_ssize_t i = 0; garbage == 0 && i < PyTuple_GET_SIZE(self->uninitialised); i++)
+      garbage = static_cast<int>(PyUnicode_Tailmatch(name, PyTuple_GET_ITEM(self->uninitialised, i), 0,
+                                                     PY_SSIZE_T_MAX, -1));
+    if (garbage < 0) {
+      rc = -1;
+    } else if (!garbage) {  // outputs of ops that return uninitialised memory are not dumped
+      PyObject *output = args[3];
+      PyObject *items = PyList_Check(output) || PyTuple_Check(output) ? Py_NewRef(output) : PyTuple_Pack(1, output);
+      PyObject *wrapped = items == nullptr ? nullptr : PyTuple_Pack(1, items);
+      Py_XDECREF(items);
+      rc = wrapped == nullptr ? -1 : add_all(self, op, g_output, wrapped);
+      Py_XDECREF(wrapped);
+    }
+  }
+  Py_DECREF(op);
+  return rc;
+}
+
+PyObject *Rows_on_op(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "on_op(name, args, kwargs, output) takes 4 arguments");
+    return nullptr;
+  }
+  if (!self->active) Py_RETURN_NONE;
+  if (self->types == nullptr || self->rows == nullptr || self->memory == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "on_op: Rows.__init__ and name_ops were not called");
+    return nullptr;
+  }
+  PyObject *kind = cached(self->types, args[0], self->new_kind);  // "" for what is not a computation
+  if (kind == nullptr) return nullptr;
+  int rc = 0;
+  try {
+    if (PyUnicode_Check(kind) && PyUnicode_GET_LENGTH(kind)) rc = record_op(self, args[0], kind, args, nargs);
+  } catch (const std::exception &e) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, e.what());
+    rc = -1;
+  }
+  Py_DECREF(kind);
+  if (rc < 0) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject *Rows_name_ops(RowsObject *self, PyObject *args, PyObject *kwargs) {
+  static const char *names[] = {"types", "new_kind", "names", "name_entry", "order", "module_of", "current_node",
+                                "suppression", "uninitialised", "inputs", "outputs", nullptr};
+  PyObject *state[9];
+  int inputs, outputs;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OO!OO!OOOO!pp:name_ops", const_cast<char **>(names),
+                                   &PyDict_Type, &state[0], &state[1], &PyDict_Type, &state[2], &state[3],
+                                   &PyList_Type, &state[4], &state[5], &state[6], &state[7], &PyTuple_Type, &state[8],
+                                   &inputs, &outputs))
+    return nullptr;
+  PyObject **fields[] = {&self->types, &self->new_kind, &self->names, &self->name_entry, &self->order,
+                         &self->module_of, &self->current_node, &self->suppression, &self->uninitialised};
+  for (int i = 0; i < 9; i++) Py_XSETREF(*fields[i], Py_NewRef(state[i]));
+  self->inputs = inputs;
+  self->outputs = outputs;
+  Py_RETURN_NONE;
+}
+
+PyObject *Rows_stamp(RowsObject *self, PyObject *) { return PyLong_FromLongLong(next_stamp(self)); }
+
+PyObject *Rows_get_count(RowsObject *self, void *) { return PyLong_FromSsize_t(self->count); }
+
+int Rows_set_count(RowsObject *self, PyObject *value, void *) {
+  Py_ssize_t count = value == nullptr ? -1 : PyLong_AsSsize_t(value);
+  if (count < 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "count: a non-negative int");
+    return -1;
+  }
+  self->count = count;
+  return 0;
+}
+
+PyObject *Rows_get_active(RowsObject *self, void *) { return PyBool_FromLong(self->active); }
+
+int Rows_set_active(RowsObject *self, PyObject *value, void *) {
+  int active = value == nullptr ? -1 : PyObject_IsTrue(value);
+  if (active < 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "active: a bool");
+    return -1;
+  }
+  self->active = active;
+  return 0;
+}
+
+PyGetSetDef rows_getset[] = {
+    {"count", reinterpret_cast<getter>(Rows_get_count), reinterpret_cast<setter>(Rows_set_count),
+     "ops named in this step", nullptr},
+    {"active", reinterpret_cast<getter>(Rows_get_active), reinterpret_cast<setter>(Rows_set_active),
+     "whether on_op records (a selected step)", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
 PyMethodDef rows_methods[] = {
     {"add_values", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_add_values)), METH_FASTCALL,
      "add_values(op, io, values): the rows of the tensors in values (slots follow positions)"},
     {"clear", reinterpret_cast<PyCFunction>(Rows_clear), METH_NOARGS, "forget the records shared so far"},
+    {"on_op", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_on_op)), METH_FASTCALL,
+     "on_op(name, args, kwargs, output): DataDump._on_op (after name_ops)"},
+    {"name_ops", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_name_ops)),
+     METH_VARARGS | METH_KEYWORDS, "name_ops(types, new_kind, names, name_entry, order, module_of, current_node, "
+     "suppression, uninitialised, inputs, outputs): what on_op reads"},
+    {"stamp", reinterpret_cast<PyCFunction>(Rows_stamp), METH_NOARGS, "the next op's microseconds (increasing)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject RowsType = {PyVarObject_HEAD_INIT(nullptr, 0)};
@@ -333,7 +539,11 @@ PyMODINIT_FUNC PyInit_obs_dump_rows(void) {
   RowsType.tp_traverse = reinterpret_cast<traverseproc>(Rows_traverse);
   RowsType.tp_clear = reinterpret_cast<inquiry>(Rows_clear_refs);
   RowsType.tp_methods = rows_methods;
+  RowsType.tp_getset = rows_getset;
   if (PyType_Ready(&RowsType) < 0) return nullptr;
+  g_input = PyUnicode_InternFromString("input");
+  g_output = PyUnicode_InternFromString("output");
+  if (g_input == nullptr || g_output == nullptr) return nullptr;
   PyObject *m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&RowsType);

@@ -82,10 +82,10 @@ class DataDump:
 
     def __init__(self, config: DumpConfig) -> None:
         self.config = config
-        self.active = False
+        self._active = False
         self.iteration = -1
-        self._count = 0
-        self._order: list[str] = []
+        self._ops = 0  # ops named in this step (the C++ consumer counts its own)
+        self._order: list[str] = []  # cleared in place: the C++ consumer appends to this list
         self._dumped: list[int] = []
         self._folder = ""
         self._subs: list[Subscription] = []
@@ -97,11 +97,18 @@ class DataDump:
         self._graph_dir = self._order_dir = ""
         self._graph_checked = self._folder_made = False
         self._tensors, self._statistics = config.tensors, config.statistics
+        self.spans = ModuleSpans()
         self._inputs, self._outputs = config.input_output != 2, config.input_output != 1
         self.rows = StatisticRows(config.statistic_category, native=self._statistics and not self._tensors)
         # statistics only: the rows' recorder (C++ where built); with tensor files: each tensor through _tensor
         self._add = self._each if self._tensors else self.rows.add_values
-        self.spans = ModuleSpans()
+        # Where the rows are recorded in C++, ops are consumed there too (on_op: this class's _on_op, without a
+        # Python frame per op); what is done once per op type or full name stays here.
+        self._native = self.rows.native
+        if self._native is not None:
+            self._native.name_ops(self._types, self._new_kind, self._names, self._name_entry, self._order,
+                                  self.spans.module_of, current_node, SUPPRESSION, UNINITIALISED_OPS,
+                                  self._inputs, self._outputs)
         self._lock = threading.Lock()
         self._metadata_written = False
         self._parameters_done = False
@@ -114,13 +121,35 @@ class DataDump:
         self.spans.install()  # also keeps the module wrapper, whose scope stack names the ops
         self._subs = [bus.subscribe(Event.STEP_BEGIN, self._on_step_begin),
                       bus.subscribe(Event.STEP_END, self._on_step_end),
-                      bus.subscribe(Event.OP_OUTPUT, self._on_op)]
+                      bus.subscribe(Event.OP_OUTPUT, self._on_op if self._native is None else self._native.on_op)]
         if self.config.dump_mode == 0 and self.config.input_output != 1:
             self._subs.append(bus.subscribe(Event.MODULE_ENTER, self._on_module))
         if tracker.in_step:  # turned on in the middle of a step: start with the next one
             self.active = False
         atexit.register(self._at_exit)
         return self
+
+    @property
+    def active(self) -> bool:
+        """Whether ops are recorded now (a selected step is running)."""
+        return self._active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._active = value
+        if self._native is not None:
+            self._native.active = value
+
+    @property
+    def _count(self) -> int:
+        return self._ops if self._native is None else self._native.count
+
+    @_count.setter
+    def _count(self, value: int) -> None:
+        if self._native is None:
+            self._ops = value
+        else:
+            self._native.count = value
 
     def remove(self) -> None:
         for sub in self._subs:
@@ -176,7 +205,7 @@ class DataDump:
         iteration = self.config.initial_iteration + step - 1
         self._recorded += self._count
         self.iteration, self._count = iteration, 0
-        self._order = []
+        self._order.clear()
         self.rows.clear()
         self._parameters_done = False
         self.active = iteration in self.config.iterations and bool(self.config.e2e.get("enable", True))
@@ -231,10 +260,10 @@ class DataDump:
             if self._order != self._written_order:
                 safe_files.write_atomic(os.path.join(order, f"ms_execution_order_graph_{GRAPH_ID}.csv"),
                                         ORDER_HEADER + "\n" + "".join(f"{n}\n" for n in self._order), fsync=False)
-                self._written_order = self._order
+                self._written_order = list(self._order)
         if len(self._dumped) == 1:  # obs run lists the folder of the iterations once, not each of them
             outputs.wrote("data dump", self._graph_dir)
-        self._order = []
+        self._order.clear()
         self.rows.clear()
 
     def _made_folder(self) -> str:
@@ -253,15 +282,15 @@ class DataDump:
 
     # -- ops --------------------------------------------------------------------------------------
     def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
-        if not self.active:
+        if not self._active:
             return
         kind = self._types.get(name)
-        if kind is None:  # "" for what is not a computation
-            kind = self._types[name] = "" if name.startswith(_NOT_OPS) else escape_name(op_type(name), limit=48)
+        if kind is None:
+            kind = self._new_kind(name)
         if not kind:
             return
-        n = self._count
-        self._count = n + 1
+        n = self._ops
+        self._ops = n + 1
         node = current_node()
         if node is not None:  # run by autograd: named after the forward module that made the node
             scope = "Gradients/" + (self.spans.module_of(node) or "Default")
@@ -283,12 +312,19 @@ class DataDump:
         except Exception as exc:
             report_internal_error("data dump op", exc)
 
+    def _new_kind(self, name: str) -> str:
+        """The op type of an aten op's name as file names write it, cached; "" for what is not a computation."""
+        kind = self._types[name] = "" if name.startswith(_NOT_OPS) else escape_name(op_type(name), limit=48)
+        return kind
+
     def _each(self, op: Op, io: str, values: Any) -> None:
         each_tensor(op, io, values, self._tensor)
 
     def _op(self, kind: str, name: str) -> Op:
         """``(op type, escaped name, µs)`` of an op: the microseconds of its file names and rows are one per op
         (its tensors share them) and increasing, so that readers order tensors as they were written."""
+        if self._native is not None:  # one sequence with the C++ consumer's stamps
+            return kind, name, self._native.stamp()
         now = time.time_ns() // 1000
         self._last_stamp = now = now if now > self._last_stamp else self._last_stamp + 1
         return kind, name, now

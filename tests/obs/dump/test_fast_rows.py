@@ -177,6 +177,10 @@ def test_a_whole_dump_writes_the_same_statistic_csv_on_both_paths(tmp_path, monk
         for iteration in ("0", "1"):
             lines = (folder / "rank_0" / "Net" / "0" / iteration / "statistic.csv").read_text().splitlines()
             texts.append([",".join(line.split(",")[:4] + line.split(",")[5:]) for line in lines])  # no timestamps
+            stamps = [int(line.split(",")[4]) for line in lines[1:]]
+            assert stamps == sorted(stamps)  # one stamp per op, increasing (parameters' rows first)
+        for name in ("ms_execution_order_graph_0.csv", "ms_global_execution_order_graph_0.csv"):
+            texts.append((folder / "rank_0" / "execution_order" / name).read_text())
         return texts
 
     native = dump(tmp_path / "native")
@@ -185,3 +189,19 @@ def test_a_whole_dump_writes_the_same_statistic_csv_on_both_paths(tmp_path, monk
     assert native == python
     assert len(native[1]) > 40
     assert any(",Gradients_" in line for line in native[1])  # backward ops, named after their forward modules
+    assert any(line.startswith("Parameter,") for line in native[1])
+    assert "Gradients/Default/net-Sequential/0-Conv2d/ConvolutionBackward-op" in native[2]
+    assert native[3] == "0\n1\n"
+
+
+def test_the_native_op_consumer_needs_its_state_and_records_only_while_active():
+    rows = StatisticRows(("max",))
+    t = torch.ones(2)
+    assert rows.native.on_op("add.Tensor", (t, t), {}, t) is None  # not active: nothing
+    rows.native.active = True
+    with pytest.raises(TypeError, match="name_ops were not called"):
+        rows.native.on_op("add.Tensor", (t, t), {}, t)
+    with pytest.raises(TypeError):
+        rows.native.on_op("add.Tensor", (t, t), {})
+    with pytest.raises(ValueError):
+        rows.native.count = -1
