@@ -18,6 +18,11 @@ memory (``empty_like``: garbage that differs from run to run) are not dumped; th
 tensor dumps it.  With ``dump_mode`` 0 and outputs dumped,
 the root module's parameters are written as the original's ``Parameter.{name}...output.0...``
 files (and rows) when it is first called in a dumped step, before this step updates them.
+
+A statistics-only dump consumes ops in C++ where ``obs/dump/_fast_rows.cpp`` is built
+(:mod:`obs.dump.native_rows`): its ``on_op`` is :meth:`DataDump._on_op` without a Python frame per op,
+and calls back here only for what is done once per op type or full name (:meth:`DataDump._new_kind`,
+:meth:`DataDump._name_entry`) and for backward ops' modules.  Both write the same files.
 """
 
 from __future__ import annotations
