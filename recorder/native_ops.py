@@ -105,7 +105,7 @@ def attach(ring: Any, module_writer: Any, *, inputs: bool = True) -> OpObserver 
     global _attached
     if module_writer is None or getattr(ring, "table", None) is None:
         return None  # the C hot path is not built, or OBS_RDR_PURE_PYTHON asks for the Python one
-    if os.environ.get("OBS_NATIVE_OPS", "") in ("0", "off", "false"):
+    if native_build.switched_off("OBS_NATIVE_OPS"):
         return None  # asked for the dispatch mode
     with _lock:
         had_reason = _reason is not None

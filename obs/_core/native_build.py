@@ -19,9 +19,15 @@ from types import ModuleType
 
 from obs._core import safe_files
 
-__all__ = ["build", "cache_dir", "load_module"]
+__all__ = ["build", "cache_dir", "load_module", "switched_off"]
 
 logger = logging.getLogger("obs")
+
+
+def switched_off(variable: str) -> bool:
+    """Whether the environment variable ``variable`` (``OBS_NATIVE_OPS``, ``OBS_NATIVE_DUMP``) asks for the
+    Python path: ``0``, ``off`` or ``false``."""
+    return os.environ.get(variable, "") in ("0", "off", "false")
 
 
 def cache_dir(*sources: str) -> str:

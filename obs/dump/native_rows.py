@@ -60,7 +60,7 @@ def row_recorder(rows: list[Any], picks: tuple[int, ...], zeros: bool,
                  slow: Callable[[Any, str, int, Any], None]) -> Any | None:
     """A recorder appending to ``rows`` (``add_values(op, io, values)``, ``clear()``), or None where the Python
     path must do it (one log line says why)."""
-    if os.environ.get("OBS_NATIVE_DUMP", "") in ("0", "off", "false"):
+    if native_build.switched_off("OBS_NATIVE_DUMP"):
         return None
     with _lock:
         had_reason = _reason is not None

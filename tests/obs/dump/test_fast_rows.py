@@ -205,3 +205,20 @@ def test_the_native_op_consumer_needs_its_state_and_records_only_while_active():
         rows.native.on_op("add.Tensor", (t, t), {})
     with pytest.raises(ValueError):
         rows.native.count = -1
+
+
+def test_without_a_compiler_the_dump_says_why_once_and_records_in_python(tmp_path, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setattr(native_rows, "_module", None)
+    monkeypatch.setattr(native_rows, "_reason", None)
+    monkeypatch.setenv("OBS_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with caplog.at_level(logging.WARNING, logger="obs"):
+        first, second = StatisticRows(("max",)), StatisticRows(("max",))
+    assert first.native is None and second.native is None
+    assert "could not be built" in native_rows.unavailable_reason()
+    said = [r.getMessage() for r in caplog.records if "native statistic recorder" in r.getMessage()]
+    assert len(said) == 2 and "building" in said[0] and "recorded in Python" in said[1], said
+    first.add_values(("Op", "x", 1), "output", (torch.tensor([2.0, -1.0]),))
+    assert first.text().splitlines()[1].endswith(",2.0")
