@@ -37,21 +37,22 @@ namespace {
 
 const ObsStatsApi *g_api = nullptr;
 PyObject *g_input = nullptr, *g_output = nullptr;  // "input", "output": the rows' io
+PyObject *g_stack = nullptr;                       // "stack": the scope stack's attribute name
 constexpr int kMaxDims = 8;  // a tensor of more dimensions is not shared (computed each time it is seen)
-constexpr int kMaxPicks = 32;
+constexpr int kMaxPicks = OBS_STATS_MAX_PICKS;
 
 int code_of(c10::ScalarType type) {  // obs/dump/_stats.c's dtype codes
   switch (type) {
-    case c10::ScalarType::Float: return 0;
-    case c10::ScalarType::Double: return 1;
-    case c10::ScalarType::Half: return 2;
-    case c10::ScalarType::BFloat16: return 3;
-    case c10::ScalarType::Long: return 4;
-    case c10::ScalarType::Int: return 5;
-    case c10::ScalarType::Short: return 6;
-    case c10::ScalarType::Char: return 7;
+    case c10::ScalarType::Float: return F32;
+    case c10::ScalarType::Double: return F64;
+    case c10::ScalarType::Half: return F16;
+    case c10::ScalarType::BFloat16: return BF16;
+    case c10::ScalarType::Long: return I64;
+    case c10::ScalarType::Int: return I32;
+    case c10::ScalarType::Short: return I16;
+    case c10::ScalarType::Char: return I8;
     case c10::ScalarType::Byte:
-    case c10::ScalarType::Bool: return 8;
+    case c10::ScalarType::Bool: return U8;
     default: return -1;
   }
 }
@@ -83,9 +84,10 @@ struct Shared {
 
 using Memory = std::unordered_map<Key, Shared, KeyHash>;
 
-// on_op's Python references, for dealloc, GC traversal and clearing
-#define OP_STATE(X) \
-  X(types) X(new_kind) X(names) X(name_entry) X(order) X(module_of) X(current_node) X(suppression) X(uninitialised)
+// The object's Python references, for GC traversal and clearing
+#define REFS(X)                                                                                                \
+  X(rows) X(slow) X(types) X(new_kind) X(names) X(name_entry) X(order) X(module_of) X(current_node) X(suppression) \
+      X(uninitialised)
 
 struct RowsObject {
   PyObject_HEAD
@@ -292,24 +294,10 @@ int Rows_init(RowsObject *self, PyObject *args, PyObject *kwargs) {
   return 0;
 }
 
-void Rows_dealloc(RowsObject *self) {
-  PyObject_GC_UnTrack(self);
-  forget(self);
-  delete self->memory;
-#define CLEAR(f) Py_CLEAR(self->f);
-  OP_STATE(CLEAR)
-#undef CLEAR
-  Py_CLEAR(self->rows);
-  Py_CLEAR(self->slow);
-  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
-}
-
 int Rows_traverse(RowsObject *self, visitproc visit, void *arg) {
 #define VISIT(f) Py_VISIT(self->f);
-  OP_STATE(VISIT)
+  REFS(VISIT)  // slow: a bound method of the StatisticRows that holds this object, a cycle
 #undef VISIT
-  Py_VISIT(self->rows);
-  Py_VISIT(self->slow);  // a bound method of the StatisticRows that holds this object: a cycle
   if (self->memory != nullptr)
     for (auto &entry : *self->memory) Py_VISIT(entry.second.record);
   return 0;
@@ -318,11 +306,16 @@ int Rows_traverse(RowsObject *self, visitproc visit, void *arg) {
 int Rows_clear_refs(RowsObject *self) {
   forget(self);
 #define CLEAR(f) Py_CLEAR(self->f);
-  OP_STATE(CLEAR)
+  REFS(CLEAR)
 #undef CLEAR
-  Py_CLEAR(self->rows);
-  Py_CLEAR(self->slow);
   return 0;
+}
+
+void Rows_dealloc(RowsObject *self) {
+  PyObject_GC_UnTrack(self);
+  Rows_clear_refs(self);
+  delete self->memory;
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
 }
 
 
@@ -360,7 +353,7 @@ PyObject *scope_of(RowsObject *self) {
     return scope;
   }
   Py_DECREF(node);
-  PyObject *stack = PyObject_GetAttrString(self->suppression, "stack");
+  PyObject *stack = PyObject_GetAttr(self->suppression, g_stack);
   if (stack == nullptr) return nullptr;
   Py_ssize_t depth = PyList_Check(stack) ? PyList_GET_SIZE(stack) : 0;
   PyObject *scope = depth ? Py_NewRef(PyList_GET_ITEM(stack, depth - 1)) : PyUnicode_FromString("Default");
@@ -368,7 +361,7 @@ PyObject *scope_of(RowsObject *self) {
   return scope;
 }
 
-int record_op(RowsObject *self, PyObject *name, PyObject *kind, PyObject *const *args, Py_ssize_t nargs) {
+int record_op(RowsObject *self, PyObject *name, PyObject *kind, PyObject *const *args) {
   PyObject *scope = scope_of(self);
   if (scope == nullptr) return -1;
   PyObject *full = PyUnicode_FromFormat("%U/%U-op%zd", scope, kind, self->count++);
@@ -438,7 +431,7 @@ PyObject *Rows_on_op(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) 
   if (kind == nullptr) return nullptr;
   int rc = 0;
   try {
-    if (PyUnicode_Check(kind) && PyUnicode_GET_LENGTH(kind)) rc = record_op(self, args[0], kind, args, nargs);
+    if (PyUnicode_Check(kind) && PyUnicode_GET_LENGTH(kind)) rc = record_op(self, args[0], kind, args);
   } catch (const std::exception &e) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, e.what());
     rc = -1;
@@ -543,7 +536,8 @@ PyMODINIT_FUNC PyInit_obs_dump_rows(void) {
   if (PyType_Ready(&RowsType) < 0) return nullptr;
   g_input = PyUnicode_InternFromString("input");
   g_output = PyUnicode_InternFromString("output");
-  if (g_input == nullptr || g_output == nullptr) return nullptr;
+  g_stack = PyUnicode_InternFromString("stack");
+  if (g_input == nullptr || g_output == nullptr || g_stack == nullptr) return nullptr;
   PyObject *m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&RowsType);

@@ -24,8 +24,6 @@
 
 #include "_stats_api.h"
 
-enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I64 = 4, I32 = 5, I16 = 6, I8 = 7, U8 = 8 };
-
 #ifndef LANES
 #define LANES 16
 #endif
@@ -329,6 +327,17 @@ static void run(const void *p, Py_ssize_t n, int code, int zeros, Stats *r) {
     }
 }
 
+/* run(), with the GIL released while a buffer of 256 KiB or more is read. */
+static void run_unlocked(const void *p, Py_ssize_t n, int code, int zeros, Stats *r) {
+    if ((size_t)n * ITEMSIZE[code] >= (1u << 18)) {
+        Py_BEGIN_ALLOW_THREADS
+        run(p, n, code, zeros, r);
+        Py_END_ALLOW_THREADS
+    } else {
+        run(p, n, code, zeros, r);
+    }
+}
+
 /* (address, count, dtype code) of a buffer argument triple; -1 with an exception when one is bad. */
 static int buffer_args(const char *fn, PyObject *const *args, void **p, Py_ssize_t *n, long *code) {
     *p = PyLong_AsVoidPtr(args[0]);
@@ -356,13 +365,7 @@ static PyObject *m_reduce(PyObject *self, PyObject *const *args, Py_ssize_t narg
     int zeros = PyObject_IsTrue(args[3]);
     if (zeros < 0) return NULL;
     Stats r;
-    if ((size_t)n * ITEMSIZE[code] >= (1u << 18)) {
-        Py_BEGIN_ALLOW_THREADS
-        run(p, n, (int)code, zeros, &r);
-        Py_END_ALLOW_THREADS
-    } else {
-        run(p, n, (int)code, zeros, &r);
-    }
+    run_unlocked(p, n, (int)code, zeros, &r);
     return Py_BuildValue("(ddddLLLLL)", r.mn, r.mx, r.sum, r.sumsq, r.nan, r.pinf, r.ninf, r.zero, r.negzero);
 }
 
@@ -375,13 +378,7 @@ static PyObject *stats_values(const void *p, Py_ssize_t n, int code, int zeros, 
                               const int *picks, Py_ssize_t npicks) {
     Stats r;
     Py_ssize_t distinct = repeat > 0 ? n / repeat : n;
-    if ((size_t)distinct * ITEMSIZE[code] >= (1u << 18)) {
-        Py_BEGIN_ALLOW_THREADS
-        run(p, distinct, code, zeros, &r);
-        Py_END_ALLOW_THREADS
-    } else {
-        run(p, distinct, code, zeros, &r);
-    }
+    run_unlocked(p, distinct, code, zeros, &r);
     long long finite = (long long)distinct - r.nan - r.pinf - r.ninf, k = repeat > 0 ? repeat : 1;
     double norm = r.nan ? NAN : (r.pinf || r.ninf) ? INFINITY : sqrt(r.sumsq * (double)k);
     PyObject *out = PyList_New(npicks);
@@ -411,14 +408,12 @@ static PyObject *stats_values(const void *p, Py_ssize_t n, int code, int zeros, 
     return out;
 }
 
-#define MAX_PICKS 32
-
 static PyObject *m_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     void *p;
     Py_ssize_t n, repeat;
     long code;
-    int picks[MAX_PICKS];
-    if (nargs != 6 || !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) > MAX_PICKS) {
+    int picks[OBS_STATS_MAX_PICKS];
+    if (nargs != 6 || !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) > OBS_STATS_MAX_PICKS) {
         PyErr_SetString(PyExc_TypeError,
                         "values(address, count, dtype_code, zeros, picks: tuple of at most 32 ints, repeat)");
         return NULL;

@@ -6,6 +6,11 @@
 
 #define OBS_STATS_API_VERSION 1
 
+/* The dtype codes of the statistics pass (stats.py maps torch dtypes to them; bool reads as U8). */
+enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I64 = 4, I32 = 5, I16 = 6, I8 = 7, U8 = 8 };
+
+#define OBS_STATS_MAX_PICKS 32 /* statistics per record, at most */
+
 typedef struct {
     int version;
     /* The picked statistics (stats._NATIVE_ORDER) of n elements at p (n / repeat distinct, repeated): a new list. */
