@@ -117,7 +117,7 @@ class DataDump:
         self._lock = threading.Lock()
         self._metadata_written = False
         self._parameters_done = False
-        self._written_order: list[str] = []
+        self._written_order: list[str] | None = []  # None: write the execution order again
         self._ended = 0  # steps that ended while installed
         self._recorded = 0  # ops of selected steps before the current one
 
@@ -254,13 +254,13 @@ class DataDump:
             self._dumped.append(self.iteration)
             order = self._order_dir  # its files are created with their folder
             global_order = os.path.join(order, f"ms_global_execution_order_graph_{GRAPH_ID}.csv")
-            try:
-                if len(self._dumped) > 1:
+            fresh = len(self._dumped) == 1
+            if not fresh:
+                try:
                     _append(global_order, f"{self.iteration}\n")
-            except FileNotFoundError:  # removed during the run: both files are written again, from this iteration
-                self._written_order = None
-                safe_files.write_atomic(global_order, f"{self.iteration}\n", fsync=False)
-            if len(self._dumped) == 1:
+                except FileNotFoundError:  # removed during the run: both files are written again, from here
+                    fresh, self._written_order = True, None
+            if fresh:
                 safe_files.write_atomic(global_order, f"{self.iteration}\n", fsync=False)
             if self._order != self._written_order:
                 safe_files.write_atomic(os.path.join(order, f"ms_execution_order_graph_{GRAPH_ID}.csv"),

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import obs
+from obs._core.events import Event, bus
 from obs.dump import native_rows, stats
 from obs.dump._rows import StatisticRows
 from obs.runtime.steps import tracker
@@ -161,6 +162,7 @@ def test_a_whole_dump_writes_the_same_statistic_csv_on_both_paths(tmp_path, monk
             "input_output": 0, "kernels": [], "support_device": [0], "statistic_category": list(ALL)}}
         (tmp_path / "env.json").write_text(__import__("json").dumps({"dump": cfg}))
         obs.set_context(env_config_path=str(tmp_path / "env.json"))
+        consumers = [getattr(h, "__qualname__", "") for h in bus.handlers(Event.OP_OUTPUT)]
         try:
             torch.manual_seed(0)
             net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
@@ -181,11 +183,12 @@ def test_a_whole_dump_writes_the_same_statistic_csv_on_both_paths(tmp_path, monk
             assert stamps == sorted(stamps)  # one stamp per op, increasing (parameters' rows first)
         for name in ("ms_execution_order_graph_0.csv", "ms_global_execution_order_graph_0.csv"):
             texts.append((folder / "rank_0" / "execution_order" / name).read_text())
-        return texts
+        return consumers, texts
 
-    native = dump(tmp_path / "native")
+    (native_by,), native = dump(tmp_path / "native")
     monkeypatch.setenv("OBS_NATIVE_DUMP", "0")
-    python = dump(tmp_path / "python")
+    (python_by,), python = dump(tmp_path / "python")
+    assert (native_by, python_by) == ("Rows.on_op", "DataDump._on_op")  # each path did consume the ops
     assert native == python
     assert len(native[1]) > 40
     assert any(",Gradients_" in line for line in native[1])  # backward ops, named after their forward modules
