@@ -63,7 +63,7 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [0, 1, 7, 255, 256, 257, 1023, 1025, 40_000])
+@pytest.mark.parametrize("n", [0, 1, 7, 255, 256, 257, 511, 512, 513, 1023, 1025, 40_000])
 def test_every_dtype_and_length_agrees_with_torch(dtype, n):
     t = sample(dtype, n, seed=n)
     if n > 3 and dtype.is_floating_point:
@@ -124,6 +124,35 @@ def test_large_integers_take_the_exact_double_path():
     got, want = both(t)
     agree(got, want, torch.int64)
     assert got["avg"] == pytest.approx((3 + 2**30) / 4)
+
+
+#: each choice of sums the C pass can make: the sum (avg), the squares (l2norm), both, neither (the squares gate)
+SUMS = [("max", "min", "avg"), ("max", "min", "l2norm"), ("avg", "l2norm", "nan count"), ("max", "positive inf count")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("categories", SUMS, ids=["sum", "squares", "both", "neither"])
+@pytest.mark.parametrize("special", [None, "nan", "inf", "-inf"])
+def test_a_pass_keeping_only_some_sums_gives_the_full_pass_values(dtype, categories, special):
+    """The pass drops the sums no chosen statistic needs; the NaN/Inf gate still holds with either sum alone."""
+    for n in (700, 3000):
+        t = sample(dtype, n, seed=n)
+        if special is not None:
+            t[n - 600] = float(special)  # inside a block, not the tail
+        full = dict(zip(ALL, stats.compile_statistics(ALL)(t)))
+        got = dict(zip(categories, stats.compile_statistics(categories)(t)))
+        assert repr(got) == repr({c: full[c] for c in categories})
+
+
+@pytest.mark.parametrize("categories", SUMS, ids=["sum", "squares", "both", "neither"])
+def test_sums_that_overflow_in_a_block_fall_back_to_the_exact_pass(categories):
+    """float32 block sums of finite values past float32's range: the gate fails, the exact pass gives the values."""
+    t = torch.full((3000,), 3e38, dtype=torch.float32)
+    t[::2] = 2e19
+    full = dict(zip(ALL, stats.compile_statistics(ALL)(t)))
+    got = dict(zip(categories, stats.compile_statistics(categories)(t)))
+    assert repr(got) == repr({c: full[c] for c in categories})
+    assert full["positive inf count"] == 0 and math.isfinite(full["avg"]) and math.isfinite(full["l2norm"])
 
 
 def test_finite_values_whose_squares_overflow_float32_keep_their_norm():
