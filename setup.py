@@ -7,5 +7,7 @@ setup(ext_modules=[Extension("recorder._hotpath",
                              ["recorder/_hotpath.c", "recorder/_shared.c", "recorder/_module_call.c"], optional=True,
                              depends=["recorder/_shared.h"],
                              extra_compile_args=["-O2"]),
-                   Extension("obs.dump._stats", ["obs/dump/_stats.c"], optional=True, depends=["obs/dump/_stats_api.h"],
+                   Extension("obs.dump._stats", ["obs/dump/_stats.c"], optional=True,
+                             depends=["obs/dump/_stats_api.h", "obs/dump/ryu/d2d.h", "obs/dump/ryu/common.h",
+                                      "obs/dump/ryu/d2s_intrinsics.h", "obs/dump/ryu/d2s_full_table.h"],
                              extra_compile_args=["-O3"])])

@@ -267,6 +267,30 @@ def test_the_c_formatter_writes_statistic_csv_as_the_python_one(categories):
     assert lines[3].startswith("Add,Default_net-Net_Add-op1,0,0,1700000000000001,input,0,32,int64,\"(2,2)\"")
 
 
+def test_the_c_formatter_writes_every_double_as_repr_does():
+    """statistic.csv's floats come from Ryu's shortest digits, laid out as repr(): the notation's edges, subnormals,
+    extremes, whole numbers, and random bit patterns, float32 values and magnitudes."""
+    import random
+    import struct
+
+    from obs.dump._rows import StatisticRows
+
+    gen = random.Random(7)
+    edges = [1e-4, 1e-5, 9.999999999999999e-05, 0.00011, 1e15, 1e16, 1e17, 9999999999999998.0, 1234567890123456.7,
+             12345678901234567.0, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 1.0, 100.0, 2.0**53,
+             2.0**53 - 1, 2.0**60, 0.1, 1 / 3, 1e22, 1e23, 1e100, 1e-100, 0.0, math.inf, math.nan]
+    values = edges + [-v for v in edges]
+    values += [struct.unpack("<d", struct.pack("<Q", gen.getrandbits(64)))[0] for _ in range(20_000)]
+    values += [struct.unpack("<f", struct.pack("<I", gen.getrandbits(32)))[0] for _ in range(20_000)]
+    values += [gen.gauss(0, 1) * 10 ** gen.randint(-8, 20) for _ in range(20_000)]
+    values += [float(gen.randint(-10**18, 10**18)) for _ in range(5_000)]
+    rows = StatisticRows(("max",))
+    records = [[[v], torch.float64, (1,), None] for v in values]
+    rows._rows = [(("Add", "Default/Add-op0", 1), "output", 0, record) for record in records]
+    lines = rows.text().splitlines()[1:]
+    assert [line.rsplit(",", 1)[1] for line in lines] == [repr(v) for v in values]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
 def test_the_nan_checks_c_gate_agrees_with_the_torch_gate(dtype):
     cases = [sample(dtype, 5000), torch.full((300,), float("nan"), dtype=dtype), torch.empty(0, dtype=dtype),
