@@ -63,44 +63,41 @@ def make_variants(tmp: str) -> dict[str, object]:
             "statistic dump (every op)": with_config("stat", statistic)}
 
 
-def child(rounds: int) -> dict[str, dict[str, float]]:
+def child(rounds: int, root: str) -> dict[str, dict[str, float]]:
+    """One process's timed rounds; its files go to a new folder under ``root``, which the parent removes."""
     import torch
 
     from _harness import cnn, mlp, paired_ratios
 
-    tmp = tempfile.mkdtemp(prefix="obs-bench-dump-")
-    variants = make_variants(tmp)
+    variants = make_variants(tempfile.mkdtemp(prefix="process-", dir=root))
     torch.manual_seed(0)
     results: dict[str, dict[str, float]] = {}
-    try:
-        for workload in (cnn(), mlp()):
-            names = list(variants)
-            wall: dict[str, list[float]] = {name: [] for name in names}
-            cpu: dict[str, list[float]] = {name: [] for name in names}
-            for _ in range(3):
-                workload.step()  # warm-up: allocator, thread pools
-            for r in range(rounds):
-                for name in names[r % len(names):] + names[:r % len(names)]:
-                    teardown = variants[name]()
-                    try:
-                        workload.step()  # untimed: the first step after a switch
-                        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
-                        for _ in range(workload.steps_per_round):
-                            workload.step()
-                        wall[name].append((time.perf_counter_ns() - t0) / 1e6 / workload.steps_per_round)
-                        cpu[name].append((time.thread_time_ns() - c0) / 1e6 / workload.steps_per_round)
-                    finally:
-                        teardown()
-            w = workload.name
-            results[w] = {name: statistics.median(v) for name, v in wall.items()}
-            results[f"{w} (CPU time)"] = {name: statistics.median(v) for name, v in cpu.items()}
-            for label, per_round in (("", wall), (" (CPU time)", cpu)):
-                plain, dump = paired_ratios(per_round, "plain"), paired_ratios(per_round, "op interception alone")
-                results[f"{w}{label} paired"] = {**plain, "statistic dump (every op) / op interception":
-                                                 dump["statistic dump (every op)"]}
-        return results
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    for workload in (cnn(), mlp()):
+        names = list(variants)
+        wall: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(3):
+            workload.step()  # warm-up: allocator, thread pools
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                teardown = variants[name]()
+                try:
+                    workload.step()  # untimed: the first step after a switch
+                    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                    for _ in range(workload.steps_per_round):
+                        workload.step()
+                    wall[name].append((time.perf_counter_ns() - t0) / 1e6 / workload.steps_per_round)
+                    cpu[name].append((time.thread_time_ns() - c0) / 1e6 / workload.steps_per_round)
+                finally:
+                    teardown()
+        w = workload.name
+        results[w] = {name: statistics.median(v) for name, v in wall.items()}
+        results[f"{w} (CPU time)"] = {name: statistics.median(v) for name, v in cpu.items()}
+        for label, per_round in (("", wall), (" (CPU time)", cpu)):
+            plain, dump = paired_ratios(per_round, "plain"), paired_ratios(per_round, "op interception alone")
+            results[f"{w}{label} paired"] = {**plain, "statistic dump (every op) / op interception":
+                                             dump["statistic dump (every op)"]}
+    return results
 
 
 COUNTED_STEPS = {"cnn": 3, "mlp": 20}  #: steps counted per variant under callgrind (after 2 / 12 untimed ones)
@@ -157,7 +154,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench-dump.json")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per step under callgrind instead (needs valgrind)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", metavar="ROOT", help=argparse.SUPPRESS)
     parser.add_argument("--count-child", choices=("cnn", "mlp"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.count_child:
@@ -172,14 +169,21 @@ def main() -> None:
         pin_to_one_core()
 
         torch.set_num_threads(1)  # one core: a second intra-op thread would only wait for it (slow reductions)
-        print(json.dumps(child(args.rounds)))
+        print(json.dumps(child(args.rounds, args.child)))
         return
     runs = []
-    for i in range(args.processes):
-        out = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(args.rounds)], capture_output=True,
-                             text=True, check=True)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"process {i + 1}/{args.processes} done", file=sys.stderr)
+    # Every process's files are kept until the last process ends: ext4 without a journal skips inodes freed in the
+    # last 30 s when it allocates one, so a removal just before a process would slow that process's file creations
+    # (measured: mkdir + create + write of a step's files 30 us on a quiet disk, 300 us after 600 removals).
+    root = tempfile.mkdtemp(prefix="obs-bench-dump-")
+    try:
+        for i in range(args.processes):
+            out = subprocess.run([sys.executable, __file__, "--child", root, "--rounds", str(args.rounds)],
+                                 capture_output=True, text=True, check=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"process {i + 1}/{args.processes} done", file=sys.stderr)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     timed = [w for w in runs[0] if not w.endswith("paired")]
     medians = {w: {v: statistics.median(run[w][v] for run in runs) for v in runs[0][w]} for w in timed}
     from _harness import report
