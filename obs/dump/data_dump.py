@@ -234,7 +234,7 @@ class DataDump:
         try:
             with suppressed():
                 for name, tensor in module.named_parameters():
-                    self._tensor(self._op("Parameter", escape_name(name.replace(".", "_"))), "output", 0, tensor)
+                    self._add(self._op("Parameter", escape_name(name.replace(".", "_"))), "output", (tensor,))
         except Exception as exc:
             report_internal_error("data dump parameters", exc)
 
