@@ -339,8 +339,8 @@ def test_a_data_dump_through_the_torch_path_matches_the_c_path(tmp_path, monkeyp
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
 def test_the_gate_sees_one_nan_or_inf_at_any_position(dtype):
-    """The gate's lanes and its tail: a single bad element anywhere in 16 lanes and a partial block is found."""
-    for n in (1, 15, 16, 17, 47):
+    """The gate's lanes and its tail: a single bad element anywhere in 32 lanes and a partial block is found."""
+    for n in (1, 15, 16, 17, 31, 32, 33, 95):
         for i in range(n):
             for bad in (float("nan"), float("inf"), -float("inf")):
                 t = torch.ones(n, dtype=dtype)
