@@ -172,9 +172,10 @@ def main() -> None:
         print(json.dumps(child(args.rounds, args.child)))
         return
     runs = []
-    # Every process's files are kept until the last process ends: ext4 without a journal skips inodes freed in the
-    # last 30 s when it allocates one, so a removal just before a process would slow that process's file creations
-    # (measured: mkdir + create + write of a step's files 30 us on a quiet disk, 300 us after 600 removals).
+    # Every process's files are kept until the last process ends: ext4 without a journal skips the inodes freed
+    # within the last minute or more when it allocates one, so a removal just before a process would slow that
+    # process's file creations (measured: mkdir + create + write of a step's files 30 us on a quiet disk, 300 us
+    # after 600 removals).
     root = tempfile.mkdtemp(prefix="obs-bench-dump-")
     try:
         for i in range(args.processes):
