@@ -208,12 +208,20 @@ int add_one(RowsObject *self, PyObject *op, PyObject *io, Py_ssize_t slot, PyObj
   return rc;
 }
 
+// Whether `value` is a tensor.  The ints, floats, bools and Nones among an op's arguments are told apart by their
+// exact type first: THPVariable_Check on them is an isinstance through torch.Tensor's metaclass (~450 instructions).
+inline bool is_tensor(PyObject *value) {
+  if (THPVariable_CheckExact(value)) return true;
+  if (value == Py_None || PyLong_CheckExact(value) || PyFloat_CheckExact(value) || PyBool_Check(value)) return false;
+  return THPVariable_Check(value);
+}
+
 // Whether `value` is a non-empty list or tuple of tensors and Nones (one slot per item); -1 on error.
 int tensor_list(PyObject *value) {
   if (!(PyList_Check(value) || PyTuple_Check(value)) || PySequence_Fast_GET_SIZE(value) == 0) return 0;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(value); i++) {
     PyObject *item = PySequence_Fast_GET_ITEM(value, i);
-    if (item != Py_None && !THPVariable_Check(item)) return 0;
+    if (item != Py_None && !is_tensor(item)) return 0;
   }
   return 1;
 }
@@ -225,7 +233,7 @@ int add_all(RowsObject *self, PyObject *op, PyObject *io, PyObject *values) {
   int rc = 0;
   for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
     PyObject *value = PySequence_Fast_GET_ITEM(seq, i);
-    if (THPVariable_Check(value)) {
+    if (is_tensor(value)) {
       rc = add_one(self, op, io, slot++, value);
       continue;
     }
