@@ -15,11 +15,13 @@ import logging
 import os
 import sys
 import sysconfig
+import threading
+from collections.abc import Callable
 from types import ModuleType
 
 from obs._core import safe_files
 
-__all__ = ["build", "cache_dir", "load_module", "switched_off"]
+__all__ = ["Extension", "build", "cache_dir", "load_module", "switched_off"]
 
 logger = logging.getLogger("obs")
 
@@ -75,3 +77,43 @@ def load_module(name: str, path: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+class Extension:
+    """One C++ extension, built on first use and loaded once per process; where it cannot be, why (logged once).
+
+    ``switch`` names the environment variable that asks for the Python path instead; ``requires()`` returns why the
+    extension cannot be used before any build is tried (None when it can); ``fallback`` is the log line's start."""
+
+    def __init__(self, name: str, label: str, sources: tuple[str, ...], *, switch: str, fallback: str,
+                 requires: Callable[[], str | None] = lambda: None) -> None:
+        self.name, self.label, self.sources, self.switch = name, label, sources, switch
+        self.fallback, self.requires = fallback, requires
+        self.module: ModuleType | None = None
+        self.reason: str | None = None  # why there is no module (set once a load was tried)
+        self._lock = threading.Lock()
+
+    def build(self) -> str:
+        """Compile it (or find it built) and return the shared library's path; raises on failure."""
+        return build(self.name, self.label, *self.sources)
+
+    def load(self) -> ModuleType | None:
+        """The module, or None where the Python path must do the work."""
+        if switched_off(self.switch):
+            return None
+        with self._lock:
+            if self.module is None and self.reason is None:
+                self.reason = self.requires()
+                if self.reason is None:
+                    try:
+                        self.module = load_module(self.name, self.build())
+                    except Exception as exc:  # noqa: BLE001 - any build or load failure: the Python path, and why
+                        lines = str(exc).strip().splitlines()
+                        self.reason = f"it could not be built ({lines[-1] if lines else type(exc).__name__})"
+                if self.reason is not None:
+                    logger.warning("obs: %s: %s", self.fallback, self.reason)
+        return self.module
+
+    def unavailable_reason(self) -> str | None:
+        """Why the extension is not used (None when it is, or has not been asked for yet)."""
+        return f"{self.switch}=0 asks for the Python path" if switched_off(self.switch) else self.reason

@@ -20,4 +20,19 @@ typedef struct {
     int (*finite)(const void *p, Py_ssize_t n, int code);
 } ObsStatsApi;
 
+/* For an extension that borrows the API: import obs.dump._stats (PyCapsule_Import walks attributes, so the module
+ * first) and return its API, or NULL with an exception set.  `who` names the extension in the error. */
+static inline const ObsStatsApi *obs_stats_api_import(const char *who) {
+    PyObject *stats = PyImport_ImportModule("obs.dump._stats");
+    if (stats == NULL) return NULL;
+    Py_DECREF(stats);
+    const ObsStatsApi *api = (const ObsStatsApi *)PyCapsule_Import("obs.dump._stats._C_API", 0);
+    if (api != NULL && api->version != OBS_STATS_API_VERSION) {
+        PyErr_Format(PyExc_ImportError, "obs.dump._stats has API version %d, %s expects %d", api->version, who,
+                     OBS_STATS_API_VERSION);
+        return NULL;
+    }
+    return api;
+}
+
 #endif

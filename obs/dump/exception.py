@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.dump._autograd_calls import AutogradCall
 from obs.dump._spans import ModuleSpans
 from obs.dump._tensors import tensors_in
 from obs.dump.capture import python_stack, write_capture
@@ -70,8 +71,8 @@ class ExceptionDump:
         self._demand = tracker.require("exception_dump")  # a dump names its training step
         _modules.failure_hooks = _modules.failure_hooks + (self.on_failure,)
         _ops.failure_hooks = _ops.failure_hooks + (self.on_failure,)
-        self._backward = _wrap(torch.autograd, "backward", self._on_backward_error)
-        self._grad = _wrap(torch.autograd, "grad", self._on_backward_error)
+        self._backward = AutogradCall(torch.autograd, "backward", on_error=self._on_backward_error)
+        self._grad = AutogradCall(torch.autograd, "grad", on_error=self._on_backward_error)
         return self
 
     def remove(self) -> None:
@@ -146,41 +147,6 @@ class ExceptionDump:
             error._obs_exception_dump = path  # type: ignore[attr-defined]
         except AttributeError:
             pass
-
-
-class _Wrapper:
-    """``owner.name`` wrapped to report failures; unwrapping leaves a later wrapper in place (it is inert then)."""
-
-    def __init__(self, owner: Any, name: str, on_error: Any) -> None:
-        self.owner, self.name, self.active = owner, name, True
-        original = self.original = getattr(owner, name)
-        me, getframe = self, sys._getframe
-
-        def obs_autograd_call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return original(*args, **kwargs)
-            except BaseException as exc:
-                tb = exc.__traceback__
-                if tb is not None and tb.tb_frame is getframe():
-                    exc.__traceback__ = tb.tb_next  # this wrapper leaves the user's traceback
-                if me.active and not SUPPRESSION.depth:
-                    try:
-                        on_error(exc, args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
-                    except Exception as inner:
-                        report_internal_error("exception_dump backward", inner)
-                raise
-
-        self.wrapper = obs_autograd_call
-        setattr(owner, name, obs_autograd_call)
-
-    def unwrap(self) -> None:
-        self.active = False
-        if getattr(self.owner, self.name) is self.wrapper:
-            setattr(self.owner, self.name, self.original)
-
-
-def _wrap(owner: Any, name: str, on_error: Any) -> _Wrapper:
-    return _Wrapper(owner, name, on_error)
 
 
 def _own_tensors(module: Any) -> Iterator[tuple[str, torch.Tensor]]:

@@ -5,7 +5,8 @@ same tensor returned by nested modules is checked once; the output of a module t
 non-finite value from finite inputs, such as ReLU or MaxPool, is not read again when every input was
 found finite in this step), and, when ``backward`` is on, puts a
 gradient hook on the first output that requires grad, so the gradient reaching that module in
-backward is checked too.  Op granularity: every aten op's outputs (OP_OUTPUT), forward and backward.
+backward is checked too (except where such a module's backward makes it from a gradient already
+checked: :mod:`obs.dump._grad_links`).  Op granularity: every aten op's outputs (OP_OUTPUT), forward and backward.
 Each check is one sum (:func:`obs.dump.stats.nonfinite_counts`); exact counts only when it fails.
 
 On a finding (the first of a step, up to ``limit`` in all): a FAULT event ``nan_inf`` (recorded by
@@ -26,6 +27,9 @@ import torch
 
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.dump._autograd_calls import AutogradCall
+from obs.dump import native_nan
+from obs.dump._grad_links import ELEMENTWISE_BACKWARD, MAX_POOLS, GradLinks, preserves_in_backward
 from obs.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
 from obs.dump.capture import python_stack, write_capture
 from obs.dump.stats import nonfinite_counts
@@ -71,7 +75,10 @@ class NanCheck:
         self._last_checked: Any = None
         self._finite: dict[tuple[int, int, int], Any] = {}  # (address, numel, version) → weakref, this step
         self._finite_step = -1
-        self._handles: list[Any] = []
+        self._links = GradLinks()
+        self._native: Any = None  # the C++ module hook (native_nan), where it is built
+        self._outputs_read = self._gradients_read = 0  # in Python; see outputs_read, gradients_read
+        self._handles: list[Any] = []  # removable handles and autograd wrappers
         self._subs: list[Subscription] = []
         self._demand: Any = None
         self._lock = threading.Lock()
@@ -83,15 +90,30 @@ class NanCheck:
         if self.granularity == "op":
             self._subs.append(bus.subscribe(Event.OP_OUTPUT, self._on_op))
         else:
-            self._handles.append(torch.nn.modules.module.register_module_forward_hook(self._on_module))
+            self._native = native_nan.module_check(
+                suppression=SUPPRESSION, tracker=tracker, preserving=FINITE_PRESERVING,
+                elementwise=ELEMENTWISE_BACKWARD, pools=frozenset(MAX_POOLS), pool_preserves=preserves_in_backward,
+                slow=self._on_module, report=self._report_output, grad_report=self._check_gradient,
+                backward=self.backward)
+            hook = self._on_module if self._native is None else self._native.on_module
+            self._handles.append(torch.nn.modules.module.register_module_forward_hook(hook))
+            if self.backward:
+                settle = self._settle if self._native is None else self._native.settle
+                self._handles += [AutogradCall(torch.autograd, "backward", on_start=settle),
+                                  AutogradCall(torch.autograd, "grad", on_start=settle)]
         return self
 
     def remove(self) -> None:
+        if self._native is not None:
+            self._native.disable()  # gradient hooks still to run stay inert
         if self._demand is not None:
             self._demand.remove()
             self._demand = None
         for handle in self._handles:
-            handle.remove()
+            if isinstance(handle, AutogradCall):
+                handle.unwrap()
+            else:
+                handle.remove()
         for sub in self._subs:
             sub.remove()
         self._handles, self._subs = [], []
@@ -99,6 +121,16 @@ class NanCheck:
     @property
     def done(self) -> bool:
         return bool(self.limit) and len(self.findings) >= self.limit
+
+    @property
+    def outputs_read(self) -> int:
+        """Module outputs read so far (module granularity): what the finite-preserving modules save shows here."""
+        return self._outputs_read + (self._native.outputs_read if self._native is not None else 0)
+
+    @property
+    def gradients_read(self) -> int:
+        """Gradients read so far (in backward, module granularity): what the gradient links save shows here."""
+        return self._gradients_read + (self._native.gradients_read if self._native is not None else 0)
 
     # -- hooks ----------------------------------------------------------------------------------
     def _on_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -108,6 +140,7 @@ class NanCheck:
         scope = stack[-1] if stack else type(module).__name__
         if self._finite_step != tracker.step:
             self._finite.clear()
+            self._links.new_step()
             self._finite_step = tracker.step
         derived = type(module) in FINITE_PRESERVING and self._all_finite(args)
         watched = None
@@ -120,6 +153,7 @@ class NanCheck:
                 continue
             self._last_checked = (weakref.ref(tensor), key)
             if not derived:
+                self._outputs_read += 1
                 counts = nonfinite_counts(tensor)
                 if counts is not None:
                     self._found("forward", "module", scope, type(module).__name__, counts, where,
@@ -130,7 +164,9 @@ class NanCheck:
             if watched is None and self.backward and tensor.requires_grad:
                 watched = tensor
         if watched is not None:
-            watched.register_hook(self._grad_hook(scope, type(module).__name__))
+            watch = self._links.watch(watched, self._grad_hook(scope, type(module).__name__))
+            if preserves_in_backward(module):
+                self._links.cover(args, watched, watch)
 
     def _all_finite(self, args: Any) -> bool:
         """Whether every tensor of ``args`` was found finite in this step and is unchanged since (same memory,
@@ -143,15 +179,30 @@ class NanCheck:
             found = True
         return found
 
+    def _settle(self, roots: Any) -> None:
+        if not self.done:
+            self._links.settle(roots)
+
     def _grad_hook(self, scope: str, op: str) -> Any:
-        def check(grad: torch.Tensor) -> None:
-            if self.done or self._step_reported == tracker.step:
-                return
-            counts = nonfinite_counts(grad)
-            if counts is not None:
-                self._found("backward", "module", scope, op, counts, "gradient of the output",
-                            [("gradients", [("grad_output", grad)])])
-        return check
+        return lambda grad: self._check_gradient(scope, op, grad)
+
+    def _check_gradient(self, scope: str, op: str, grad: torch.Tensor) -> None:
+        """The gradient reaching ``scope``'s output (the native hooks call this when their gate fails)."""
+        if self.done or self._step_reported == tracker.step:
+            return
+        self._gradients_read += 1
+        counts = nonfinite_counts(grad)
+        if counts is not None:
+            self._found("backward", "module", scope, op, counts, "gradient of the output",
+                        [("gradients", [("grad_output", grad)])])
+
+    def _report_output(self, module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
+        """The native hook found ``output`` (one tensor) not finite."""
+        counts = nonfinite_counts(output)
+        if counts is not None:
+            stack = SUPPRESSION.stack
+            self._found("forward", "module", stack[-1] if stack else type(module).__name__, type(module).__name__,
+                        counts, "args[0]", [("inputs", list(tensors_in(args))), ("outputs", [("args[0]", output)])])
 
     def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
         if self.done or self._step_reported == tracker.step or name.startswith(UNINITIALISED_OPS):
@@ -173,6 +224,8 @@ class NanCheck:
             if self.done or self._step_reported == tracker.step:
                 return
             self._step_reported = tracker.step
+            if self._native is not None:
+                self._native.reported_step = tracker.step
             place = f"{scope}/{op}" if kind == "op" else scope
             finding = {"phase": phase, "kind": kind, "scope": scope, "op": op, "step": tracker.step, "where": where,
                        "nan": counts[0], "pos_inf": counts[1], "neg_inf": counts[2], "rank": rank()}
@@ -189,6 +242,8 @@ class NanCheck:
                 report_internal_error("nan_check write", exc)
             finding["capture"] = capture
             self.findings.append(finding)
+            if self._native is not None and self.done:
+                self._native.disable()
         bus.emit(Event.FAULT, "nan_inf", place, None)
         if self.action == "raise":
             raise NonFiniteError(message, capture)

@@ -213,8 +213,8 @@ def test_the_native_op_consumer_needs_its_state_and_records_only_while_active():
 def test_without_a_compiler_the_dump_says_why_once_and_records_in_python(tmp_path, monkeypatch, caplog):
     import logging
 
-    monkeypatch.setattr(native_rows, "_module", None)
-    monkeypatch.setattr(native_rows, "_reason", None)
+    monkeypatch.setattr(native_rows.EXTENSION, "module", None)
+    monkeypatch.setattr(native_rows.EXTENSION, "reason", None)
     monkeypatch.setenv("OBS_NATIVE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with caplog.at_level(logging.WARNING, logger="obs"):

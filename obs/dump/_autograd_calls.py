@@ -1,0 +1,58 @@
+"""Wrappers of ``torch.autograd.backward`` / ``grad``: a callback before backward starts, another when it raises.
+
+``loss.backward()`` goes through ``torch.autograd.backward``, so these two functions see every backward a user
+starts.  A wrapper leaves no frame in the user's traceback, and unwrapping leaves a later wrapper in place
+(this one is inert then).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from obs._core.internal import SUPPRESSION, report_internal_error
+
+__all__ = ["AutogradCall", "roots_of"]
+
+
+def roots_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The tensors a ``backward``/``grad`` call differentiates (a tensor or a sequence of them)."""
+    return args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
+
+
+class AutogradCall:
+    """``owner.name`` wrapped: ``on_start(roots)`` before the call, ``on_error(error, roots)`` when it raises.
+
+    Neither runs inside obs's own work (``SUPPRESSION``); an error of either is reported, never raised."""
+
+    def __init__(self, owner: Any, name: str, *, on_start: Any = None, on_error: Any = None) -> None:
+        self.owner, self.name, self.active = owner, name, True
+        original = self.original = getattr(owner, name)
+        me, getframe, state = self, sys._getframe, SUPPRESSION
+
+        def obs_autograd_call(*args: Any, **kwargs: Any) -> Any:
+            if on_start is not None and me.active and not state.depth:
+                try:
+                    on_start(roots_of(args, kwargs))
+                except Exception as inner:
+                    report_internal_error(f"autograd {name} start", inner)
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                tb = exc.__traceback__
+                if tb is not None and tb.tb_frame is getframe():
+                    exc.__traceback__ = tb.tb_next  # this wrapper leaves the user's traceback
+                if on_error is not None and me.active and not state.depth:
+                    try:
+                        on_error(exc, roots_of(args, kwargs))
+                    except Exception as inner:
+                        report_internal_error(f"autograd {name} error", inner)
+                raise
+
+        self.wrapper = obs_autograd_call
+        setattr(owner, name, obs_autograd_call)
+
+    def unwrap(self) -> None:
+        self.active = False
+        if getattr(self.owner, self.name) is self.wrapper:
+            setattr(self.owner, self.name, self.original)
