@@ -455,16 +455,8 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "obs_dump_nan", "the NaN/Inf ch
 }  // namespace
 
 PyMODINIT_FUNC PyInit_obs_dump_nan(void) {
-  PyObject *stats = PyImport_ImportModule("obs.dump._stats");  // PyCapsule_Import walks attributes: import it first
-  if (stats == nullptr) return nullptr;
-  Py_DECREF(stats);
-  g_api = static_cast<const ObsStatsApi *>(PyCapsule_Import("obs.dump._stats._C_API", 0));
+  g_api = obs_stats_api_import("the NaN/Inf check");
   if (g_api == nullptr) return nullptr;
-  if (g_api->version != OBS_STATS_API_VERSION) {
-    PyErr_Format(PyExc_ImportError, "obs.dump._stats has API version %d, this check expects %d", g_api->version,
-                 OBS_STATS_API_VERSION);
-    return nullptr;
-  }
   CheckType.tp_name = "obs_dump_nan.Check";
   CheckType.tp_basicsize = sizeof(CheckObject);
   CheckType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;

@@ -13,16 +13,7 @@ from obs.dump import native_nan
 from obs.dump._grad_links import preserves_in_backward
 from obs.dump.feature import feature
 from obs.dump.nan_check import NanCheck, NonFiniteError
-
-
-class _GradToNan(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * float("nan")
+from tests.obs.dump.test_nan_check import GradToNan
 
 
 @pytest.fixture(params=["native", "python"])
@@ -73,7 +64,7 @@ class Residual(torch.nn.Module):
 
     def forward(self, x):
         h = self.fc(x)
-        skip = _GradToNan.apply(h) if self.poison else h
+        skip = GradToNan.apply(h) if self.poison else h
         return self.head(self.act(h) + skip)
 
 
@@ -95,7 +86,7 @@ def test_a_second_loss_on_an_inner_output_is_seen_from_its_root(check, tmp_path)
     inner = []
     net[0].register_forward_hook(lambda module, args, out: inner.append(out))
     out = net(torch.randn(3, 4))
-    loss = out.sum() + _GradToNan.apply(inner[0]).sum()
+    loss = out.sum() + GradToNan.apply(inner[0]).sum()
     torch.autograd.backward(loss)
     [found] = findings(tmp_path)
     assert (found["phase"], found["scope"]) == ("backward", "Default/net-Sequential/0-Linear")
@@ -112,7 +103,7 @@ def test_a_backward_that_bypasses_the_wrapper_checks_everything(check, tmp_path)
 def test_a_nan_made_between_a_relu_and_the_next_module_is_found_at_the_relu(check, tmp_path):
     class Poison(torch.nn.Module):
         def forward(self, x):
-            return _GradToNan.apply(x)
+            return GradToNan.apply(x)
 
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), Poison(), torch.nn.Linear(4, 2))
     net(torch.randn(3, 4)).sum().backward()
@@ -157,7 +148,7 @@ def test_raise_mode_in_backward_reaches_the_caller_of_backward(tmp_path, monkeyp
     try:
         net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sigmoid(), torch.nn.Linear(4, 4))
         h = net[2](net[1](net[0](torch.randn(3, 4))))  # modules called one by one: their gradients are checked
-        loss = _GradToNan.apply(h).sum()
+        loss = GradToNan.apply(h).sum()
         with pytest.raises(NonFiniteError, match="backward at Default/net-Linear ") as info:
             loss.backward()
     finally:
