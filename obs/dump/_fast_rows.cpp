@@ -18,6 +18,10 @@
 // (`{scope}/{Kind}-op{n}`; backward ops under Gradients/ and their forward module), appends its
 // execution-order line, stamps it and records the rows of its inputs and outputs.  Whatever is done once
 // per op type or full name (escaping, the kernels filter) stays in Python, called on a cache miss.
+// enter(scope, module) / leave(scope, module, error) are its MODULE_ENTER / MODULE_EXIT subscribers: they keep
+// the autograd sequence numbers of each module call (obs/dump/_spans.py's intervals, here in C++), which name a
+// backward op's forward module, and call on_root(module) at the root module's first call while
+// `parameters_pending` (the step's Parameter rows).
 //
 // Built with torch.utils.cpp_extension against the installed torch (obs/dump/native_rows.py).
 #include <Python.h>
@@ -25,9 +29,15 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <ATen/SequenceNumber.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 extern "C" {
 #include "_stats_api.h"
@@ -84,10 +94,29 @@ struct Shared {
 
 using Memory = std::unordered_map<Key, Shared, KeyHash>;
 
+// Module calls as autograd sequence-number intervals [start, end), kept in exit order (ModuleSpans in Python).
+struct Spans {
+  static constexpr size_t kKept = 1 << 14;
+  std::vector<uint64_t> starts, ends;
+  std::vector<std::pair<uint64_t, PyObject *>> spans;  // (start, scope: a strong reference) beside their ends
+
+  void trim(size_t count) {
+    for (size_t i = 0; i < count; i++) Py_DECREF(spans[i].second);
+    ends.erase(ends.begin(), ends.begin() + static_cast<std::ptrdiff_t>(count));
+    spans.erase(spans.begin(), spans.begin() + static_cast<std::ptrdiff_t>(count));
+  }
+
+  // The scope of the innermost module call whose interval holds `nr` (borrowed), else nullptr.
+  PyObject *scope_of(uint64_t nr) const {
+    for (size_t i = std::upper_bound(ends.begin(), ends.end(), nr) - ends.begin(); i < spans.size(); i++)
+      if (spans[i].first <= nr) return spans[i].second;
+    return nullptr;
+  }
+};
+
 // The object's Python references, for GC traversal and clearing
 #define REFS(X)                                                                                                \
-  X(rows) X(slow) X(types) X(new_kind) X(names) X(name_entry) X(order) X(module_of) X(current_node) X(suppression) \
-      X(uninitialised)
+  X(rows) X(slow) X(types) X(new_kind) X(names) X(name_entry) X(order) X(on_root) X(suppression) X(uninitialised)
 
 struct RowsObject {
   PyObject_HEAD
@@ -98,9 +127,9 @@ struct RowsObject {
   Py_ssize_t npicks;
   Memory *memory;
   // on_op's state (name_ops): see DataDump for what each is
-  PyObject *types, *new_kind, *names, *name_entry, *order, *module_of, *current_node, *suppression,
-      *uninitialised;
-  int active, inputs, outputs;
+  PyObject *types, *new_kind, *names, *name_entry, *order, *on_root, *suppression, *uninitialised;
+  int active, inputs, outputs, parameters_pending;
+  Spans *spans;
   Py_ssize_t count;
   long long last_stamp;
 };
@@ -298,6 +327,7 @@ int Rows_init(RowsObject *self, PyObject *args, PyObject *kwargs) {
   Py_XSETREF(self->rows, Py_NewRef(rows));
   Py_XSETREF(self->slow, Py_NewRef(slow));
   if (self->memory == nullptr) self->memory = new Memory();
+  if (self->spans == nullptr) self->spans = new Spans();
   forget(self);
   return 0;
 }
@@ -313,6 +343,10 @@ int Rows_traverse(RowsObject *self, visitproc visit, void *arg) {
 
 int Rows_clear_refs(RowsObject *self) {
   forget(self);
+  if (self->spans != nullptr) {
+    self->spans->trim(self->spans->spans.size());
+    self->spans->starts.clear();
+  }
 #define CLEAR(f) Py_CLEAR(self->f);
   REFS(CLEAR)
 #undef CLEAR
@@ -323,6 +357,7 @@ void Rows_dealloc(RowsObject *self) {
   PyObject_GC_UnTrack(self);
   Rows_clear_refs(self);
   delete self->memory;
+  delete self->spans;
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
 }
 
@@ -347,20 +382,12 @@ PyObject *cached(PyObject *d, PyObject *key, PyObject *miss) {
 
 // The op's scope: Gradients/{forward module} in backward, else the innermost module in flight (new reference).
 PyObject *scope_of(RowsObject *self) {
-  PyObject *node = PyObject_CallNoArgs(self->current_node);
-  if (node == nullptr) return nullptr;
-  if (node != Py_None) {
-    PyObject *module = PyObject_CallOneArg(self->module_of, node);
-    Py_DECREF(node);
-    if (module == nullptr) return nullptr;
-    int named = PyObject_IsTrue(module);
-    PyObject *scope = named < 0 ? nullptr
-                                : named ? PyUnicode_FromFormat("Gradients/%U", module)
-                                        : PyUnicode_FromString("Gradients/Default");
-    Py_DECREF(module);
-    return scope;
+  const auto node = torch::autograd::get_current_node();
+  if (node) {
+    PyObject *module = self->spans->scope_of(node->sequence_nr());
+    return module != nullptr && PyUnicode_GET_LENGTH(module) ? PyUnicode_FromFormat("Gradients/%U", module)
+                                                            : PyUnicode_FromString("Gradients/Default");
   }
-  Py_DECREF(node);
   PyObject *stack = PyObject_GetAttr(self->suppression, g_stack);
   if (stack == nullptr) return nullptr;
   Py_ssize_t depth = PyList_Check(stack) ? PyList_GET_SIZE(stack) : 0;
@@ -449,19 +476,57 @@ PyObject *Rows_on_op(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) 
   Py_RETURN_NONE;
 }
 
+// MODULE_ENTER: the call's first sequence number; the root's first call in a dumped step: on_root(module).
+PyObject *Rows_enter(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "enter(scope, module) takes 2 arguments");
+    return nullptr;
+  }
+  if (self->spans == nullptr || self->suppression == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "enter: Rows.__init__ and name_ops were not called");
+    return nullptr;
+  }
+  self->spans->starts.push_back(at::sequence_number::peek());
+  if (!self->active || !self->parameters_pending) Py_RETURN_NONE;
+  PyObject *stack = PyObject_GetAttr(self->suppression, g_stack);
+  if (stack == nullptr) return nullptr;
+  const bool root = PyList_Check(stack) && PyList_GET_SIZE(stack) == 1;
+  Py_DECREF(stack);
+  if (!root) Py_RETURN_NONE;
+  self->parameters_pending = 0;
+  return PyObject_CallOneArg(self->on_root, args[1]);
+}
+
+// MODULE_EXIT: the call's interval, kept in exit order (another thread's numbers are clamped to keep it sorted).
+PyObject *Rows_leave(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "leave(scope, module, error) takes 3 arguments");
+    return nullptr;
+  }
+  if (self->spans == nullptr || self->spans->starts.empty()) Py_RETURN_NONE;
+  Spans &spans = *self->spans;
+  uint64_t end = at::sequence_number::peek();
+  if (!spans.ends.empty() && end < spans.ends.back()) end = spans.ends.back();
+  spans.ends.push_back(end);
+  spans.spans.emplace_back(spans.starts.back(), Py_NewRef(args[0]));
+  spans.starts.pop_back();
+  if (spans.ends.size() > 2 * Spans::kKept) spans.trim(Spans::kKept);
+  Py_RETURN_NONE;
+}
+
 PyObject *Rows_name_ops(RowsObject *self, PyObject *args, PyObject *kwargs) {
-  static const char *names[] = {"types", "new_kind", "names", "name_entry", "order", "module_of", "current_node",
-                                "suppression", "uninitialised", "inputs", "outputs", nullptr};
-  PyObject *state[9];
+  static const char *names[] = {"types", "new_kind", "names", "name_entry", "order", "on_root", "suppression",
+                                "uninitialised", "inputs", "outputs", nullptr};
+  PyObject *state[8];
   int inputs, outputs;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OO!OO!OOOO!pp:name_ops", const_cast<char **>(names),
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OO!OO!OOO!pp:name_ops", const_cast<char **>(names),
                                    &PyDict_Type, &state[0], &state[1], &PyDict_Type, &state[2], &state[3],
-                                   &PyList_Type, &state[4], &state[5], &state[6], &state[7], &PyTuple_Type, &state[8],
+                                   &PyList_Type, &state[4], &state[5], &state[6], &PyTuple_Type, &state[7],
                                    &inputs, &outputs))
     return nullptr;
   PyObject **fields[] = {&self->types, &self->new_kind, &self->names, &self->name_entry, &self->order,
-                         &self->module_of, &self->current_node, &self->suppression, &self->uninitialised};
-  for (int i = 0; i < 9; i++) Py_XSETREF(*fields[i], Py_NewRef(state[i]));
+                         &self->on_root, &self->suppression, &self->uninitialised};
+  for (int i = 0; i < 8; i++) Py_XSETREF(*fields[i], Py_NewRef(state[i]));
   self->inputs = inputs;
   self->outputs = outputs;
   Py_RETURN_NONE;
@@ -483,17 +548,29 @@ int Rows_set_count(RowsObject *self, PyObject *value, void *) {
 
 PyObject *Rows_get_active(RowsObject *self, void *) { return PyBool_FromLong(self->active); }
 
-int Rows_set_active(RowsObject *self, PyObject *value, void *) {
-  int active = value == nullptr ? -1 : PyObject_IsTrue(value);
-  if (active < 0) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "active: a bool");
+// Sets a flag from a Python truth value; -1 with an exception (ValueError when deleted).
+int set_flag(int *flag, PyObject *value, const char *name) {
+  const int truth = value == nullptr ? -1 : PyObject_IsTrue(value);
+  if (truth < 0) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: a bool", name);
     return -1;
   }
-  self->active = active;
+  *flag = truth;
   return 0;
 }
 
+int Rows_set_active(RowsObject *self, PyObject *value, void *) { return set_flag(&self->active, value, "active"); }
+
+PyObject *Rows_get_parameters_pending(RowsObject *self, void *) { return PyBool_FromLong(self->parameters_pending); }
+
+int Rows_set_parameters_pending(RowsObject *self, PyObject *value, void *) {
+  return set_flag(&self->parameters_pending, value, "parameters_pending");
+}
+
 PyGetSetDef rows_getset[] = {
+    {"parameters_pending", reinterpret_cast<getter>(Rows_get_parameters_pending),
+     reinterpret_cast<setter>(Rows_set_parameters_pending), "whether enter calls on_root at the root's next call",
+     nullptr},
     {"count", reinterpret_cast<getter>(Rows_get_count), reinterpret_cast<setter>(Rows_set_count),
      "ops named in this step", nullptr},
     {"active", reinterpret_cast<getter>(Rows_get_active), reinterpret_cast<setter>(Rows_set_active),
@@ -507,8 +584,12 @@ PyMethodDef rows_methods[] = {
     {"on_op", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_on_op)), METH_FASTCALL,
      "on_op(name, args, kwargs, output): DataDump._on_op (after name_ops)"},
     {"name_ops", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_name_ops)),
-     METH_VARARGS | METH_KEYWORDS, "name_ops(types, new_kind, names, name_entry, order, module_of, current_node, "
-     "suppression, uninitialised, inputs, outputs): what on_op reads"},
+     METH_VARARGS | METH_KEYWORDS, "name_ops(types, new_kind, names, name_entry, order, on_root, suppression, "
+     "uninitialised, inputs, outputs): what on_op and enter read"},
+    {"enter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_enter)), METH_FASTCALL,
+     "enter(scope, module): a MODULE_ENTER subscriber (module intervals; on_root)"},
+    {"leave", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_leave)), METH_FASTCALL,
+     "leave(scope, module, error): a MODULE_EXIT subscriber (module intervals)"},
     {"stamp", reinterpret_cast<PyCFunction>(Rows_stamp), METH_NOARGS, "the next op's microseconds (increasing)"},
     {nullptr, nullptr, 0, nullptr}};
 

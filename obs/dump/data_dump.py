@@ -109,11 +109,12 @@ class DataDump:
         self._add = self._each if self._tensors else self.rows.add_values
         # Where the rows are recorded in C++, ops are consumed there too (on_op: this class's _on_op, without a
         # Python frame per op); what is done once per op type or full name stays here.
+        # The module intervals that name backward ops, and the root's first call, are kept there too (enter, leave).
         self._native = self.rows.native
         if self._native is not None:
             self._native.name_ops(self._types, self._new_kind, self._names, self._name_entry, self._order,
-                                  self.spans.module_of, current_node, SUPPRESSION, UNINITIALISED_OPS,
-                                  self._inputs, self._outputs)
+                                  self._on_root, SUPPRESSION, UNINITIALISED_OPS, self._inputs, self._outputs)
+        self._wants_parameters = config.dump_mode == 0 and config.input_output != 1
         self._lock = threading.Lock()
         self._metadata_written = False
         self._parameters_done = False
@@ -123,12 +124,18 @@ class DataDump:
 
     def install(self) -> DataDump:
         self._demand = tracker.require("data dump")
-        self.spans.install()  # also keeps the module wrapper, whose scope stack names the ops
         self._subs = [bus.subscribe(Event.STEP_BEGIN, self._on_step_begin),
-                      bus.subscribe(Event.STEP_END, self._on_step_end),
-                      bus.subscribe(Event.OP_OUTPUT, self._on_op if self._native is None else self._native.on_op)]
-        if self.config.dump_mode == 0 and self.config.input_output != 1:
-            self._subs.append(bus.subscribe(Event.MODULE_ENTER, self._on_module))
+                      bus.subscribe(Event.STEP_END, self._on_step_end)]
+        # The module subscribers also keep the module wrapper, whose scope stack names the ops.
+        if self._native is not None:
+            self._subs += [bus.subscribe(Event.OP_OUTPUT, self._native.on_op),
+                           bus.subscribe(Event.MODULE_ENTER, self._native.enter),
+                           bus.subscribe(Event.MODULE_EXIT, self._native.leave)]
+        else:
+            self.spans.install()
+            self._subs.append(bus.subscribe(Event.OP_OUTPUT, self._on_op))
+            if self._wants_parameters:
+                self._subs.append(bus.subscribe(Event.MODULE_ENTER, self._on_module))
         if tracker.in_step:  # turned on in the middle of a step: start with the next one
             self.active = False
         atexit.register(self._at_exit)
@@ -213,6 +220,8 @@ class DataDump:
         self._order.clear()
         self.rows.clear()
         self._parameters_done = False
+        if self._native is not None:
+            self._native.parameters_pending = self._wants_parameters
         self.active = iteration in self.config.iterations and bool(self.config.e2e.get("enable", True))
         if self.active:
             if not self._metadata_written:
@@ -231,6 +240,9 @@ class DataDump:
         if not self.active or self._parameters_done or len(SUPPRESSION.stack) != 1:
             return
         self._parameters_done = True
+        self._on_root(module)
+
+    def _on_root(self, module: Any) -> None:
         try:
             with suppressed():
                 for name, tensor in module.named_parameters():
