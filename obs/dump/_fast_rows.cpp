@@ -3,7 +3,8 @@
 // Rows(rows, picks, zeros, slow).add_values(op, io, values) does what StatisticRows.add_values does in
 // Python (each_tensor + add), reading tensors through ATen instead of a dozen Python attribute calls:
 //   - slots follow positions; a list or tuple of tensors (or None) takes one slot per item;
-//   - a plain Tensor or Parameter on the CPU, strided, contiguous, not a negative view, of a dtype the
+//   - a plain Tensor or Parameter on the CPU, strided, dense (contiguous, or a permutation of consecutive
+//     slots: read in memory order, as the Python path reads it), not a negative view, of a dtype the
 //     C pass knows, gets its record here: [values, dtype, shape, None], the values from obs.dump._stats
 //     (through its capsule: one implementation of the statistics);
 //   - records are shared by memory within a step, as in Python: the same live storage, address,
@@ -197,6 +198,25 @@ PyObject *record_of(RowsObject *self, const at::Tensor &t, int code) {
   return record;
 }
 
+// Whether t's elements exactly fill numel consecutive slots from its data pointer in some order (a transpose, a
+// permutation, channels-last): the pass reads them in memory order, as stats._dense lets the Python path do.
+bool dense(const at::Tensor &t) {
+  if (t.is_contiguous()) return true;
+  std::array<std::pair<int64_t, int64_t>, kMaxDims> dims;  // (stride, size) of each dimension of size > 1
+  size_t n = 0;
+  const auto sizes = t.sizes(), strides = t.strides();
+  if (sizes.size() > kMaxDims) return false;
+  for (size_t i = 0; i < sizes.size(); i++)
+    if (sizes[i] > 1) dims[n++] = {strides[i], sizes[i]};
+  std::sort(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(n));
+  int64_t expected = 1;
+  for (size_t i = 0; i < n; i++) {
+    if (dims[i].first != expected) return false;
+    expected *= dims[i].second;
+  }
+  return true;
+}
+
 // One row: here for the tensors this file reads, else through `slow`.  -1 with an exception on failure.
 int add_one(RowsObject *self, PyObject *op, PyObject *io, Py_ssize_t slot, PyObject *value) {
   int code = -1;
@@ -204,7 +224,7 @@ int add_one(RowsObject *self, PyObject *op, PyObject *io, Py_ssize_t slot, PyObj
   if (THPVariable_CheckExact(value)) {
     t = &THPVariable_Unpack(value);
     if (t->defined() && t->layout() == c10::kStrided && t->device().is_cpu() && !t->is_nested() && t->has_storage() &&
-        !t->is_neg() && t->is_contiguous())
+        !t->is_neg() && dense(*t))
       code = code_of(t->scalar_type());
   }
   PyObject *index = PyLong_FromSsize_t(slot);

@@ -225,3 +225,21 @@ def test_without_a_compiler_the_dump_says_why_once_and_records_in_python(tmp_pat
     assert len(said) == 2 and "building" in said[0] and "recorded in Python" in said[1], said
     first.add_values(("Op", "x", 1), "output", (torch.tensor([2.0, -1.0]),))
     assert first.text().splitlines()[1].endswith(",2.0")
+
+
+def test_dense_permutations_are_read_here_in_memory_order_as_python_reads_them(monkeypatch):
+    handed_back = []
+    real_add = StatisticRows.add
+    monkeypatch.setattr(StatisticRows, "add", lambda self, op, io, slot, t: handed_back.append(tuple(t.shape))
+                        or real_add(self, op, io, slot, t))
+    fast, slow = pair(ALL)
+    torch.manual_seed(0)
+    dense = [torch.randn(6, 5).t(), torch.randn(2, 3, 4).permute(2, 0, 1),
+             torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), torch.randn(1, 4, 1, 3).transpose(1, 3)]
+    gapped = [torch.randn(6, 5)[:, 1:], torch.randn(4, 4)[::2]]  # not dense: a copy, in Python
+    ops = [("output", (v,)) for v in dense + gapped]
+    for rows in (fast, slow):
+        feed(rows, ops)
+    same_text(fast, slow)
+    # The C++ recorder handed back the gapped ones only; the Python recorder then took all six itself.
+    assert handed_back == [(6, 4), (2, 4)] + [tuple(v.shape) for v in dense + gapped]
