@@ -118,6 +118,7 @@ class DataDump:
         self._lock = threading.Lock()
         self._metadata_written = False
         self._parameters_done = False
+        self._parameter_names: dict[str, str] = {}  # parameter name → its escaped file name
         self._written_order: list[str] | None = []  # None: write the execution order again
         self._ended = 0  # steps that ended while installed
         self._recorded = 0  # ops of selected steps before the current one
@@ -243,10 +244,14 @@ class DataDump:
         self._on_root(module)
 
     def _on_root(self, module: Any) -> None:
+        escaped = self._parameter_names
         try:
             with suppressed():
                 for name, tensor in module.named_parameters():
-                    self._add(self._op("Parameter", escape_name(name.replace(".", "_"))), "output", (tensor,))
+                    file_name = escaped.get(name)
+                    if file_name is None:
+                        file_name = escaped[name] = escape_name(name.replace(".", "_"))
+                    self._add(self._op("Parameter", file_name), "output", (tensor,))
         except Exception as exc:
             report_internal_error("data dump parameters", exc)
 
