@@ -115,6 +115,48 @@ struct Spans {
   }
 };
 
+// Each op position's last (scope, kind, name entry), so that a step running the same ops in the same modules reuses
+// the entry without formatting and hashing the full name again; and each forward module's "Gradients/" scope.
+// Every pointer is a strong reference: an address compared is never a freed object's.
+struct Names {
+  static constexpr size_t kMaxPositions = 1 << 20, kMaxGradients = 1 << 14;
+  struct Position {
+    PyObject *scope = nullptr, *kind = nullptr, *entry = nullptr;
+  };
+  std::vector<Position> positions;
+  std::unordered_map<PyObject *, PyObject *> gradients;  // module scope → "Gradients/{scope}"
+
+  void clear_gradients() {
+    for (auto &item : gradients) {
+      Py_DECREF(item.first);
+      Py_DECREF(item.second);
+    }
+    gradients.clear();
+  }
+  void clear() {
+    for (auto &p : positions) {
+      Py_XDECREF(p.scope);
+      Py_XDECREF(p.kind);
+      Py_XDECREF(p.entry);
+    }
+    positions.clear();
+    clear_gradients();
+  }
+  // The entry last seen at position n for this scope and kind (borrowed), else nullptr.
+  PyObject *at(size_t n, PyObject *scope, PyObject *kind) const {
+    return n < positions.size() && positions[n].scope == scope && positions[n].kind == kind ? positions[n].entry
+                                                                                              : nullptr;
+  }
+  void keep(size_t n, PyObject *scope, PyObject *kind, PyObject *entry) {
+    if (n >= kMaxPositions) return;
+    if (n >= positions.size()) positions.resize(n + 1);
+    Position &p = positions[n];
+    Py_XSETREF(p.scope, Py_NewRef(scope));
+    Py_XSETREF(p.kind, Py_NewRef(kind));
+    Py_XSETREF(p.entry, Py_NewRef(entry));
+  }
+};
+
 // The object's Python references, for GC traversal and clearing
 #define REFS(X)                                                                                                \
   X(rows) X(slow) X(types) X(new_kind) X(names) X(name_entry) X(order) X(on_root) X(suppression) X(uninitialised)
@@ -131,6 +173,7 @@ struct RowsObject {
   PyObject *types, *new_kind, *names, *name_entry, *order, *on_root, *suppression, *uninitialised;
   int active, inputs, outputs, parameters_pending;
   Spans *spans;
+  Names *known;
   Py_ssize_t count;
   long long last_stamp;
 };
@@ -348,6 +391,7 @@ int Rows_init(RowsObject *self, PyObject *args, PyObject *kwargs) {
   Py_XSETREF(self->slow, Py_NewRef(slow));
   if (self->memory == nullptr) self->memory = new Memory();
   if (self->spans == nullptr) self->spans = new Spans();
+  if (self->known == nullptr) self->known = new Names();
   forget(self);
   return 0;
 }
@@ -367,6 +411,7 @@ int Rows_clear_refs(RowsObject *self) {
     self->spans->trim(self->spans->spans.size());
     self->spans->starts.clear();
   }
+  if (self->known != nullptr) self->known->clear();
 #define CLEAR(f) Py_CLEAR(self->f);
   REFS(CLEAR)
 #undef CLEAR
@@ -378,6 +423,7 @@ void Rows_dealloc(RowsObject *self) {
   Rows_clear_refs(self);
   delete self->memory;
   delete self->spans;
+  delete self->known;
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
 }
 
@@ -405,8 +451,15 @@ PyObject *scope_of(RowsObject *self) {
   const auto node = torch::autograd::get_current_node();
   if (node) {
     PyObject *module = self->spans->scope_of(node->sequence_nr());
-    return module != nullptr && PyUnicode_GET_LENGTH(module) ? PyUnicode_FromFormat("Gradients/%U", module)
-                                                            : PyUnicode_FromString("Gradients/Default");
+    if (module == nullptr || !PyUnicode_GET_LENGTH(module)) return PyUnicode_FromString("Gradients/Default");
+    auto &gradients = self->known->gradients;
+    auto found = gradients.find(module);
+    if (found != gradients.end()) return Py_NewRef(found->second);
+    PyObject *scope = PyUnicode_FromFormat("Gradients/%U", module);
+    if (scope == nullptr) return nullptr;
+    if (gradients.size() >= Names::kMaxGradients) self->known->clear_gradients();
+    gradients.emplace(Py_NewRef(module), Py_NewRef(scope));
+    return scope;
   }
   PyObject *stack = PyObject_GetAttr(self->suppression, g_stack);
   if (stack == nullptr) return nullptr;
@@ -419,11 +472,17 @@ PyObject *scope_of(RowsObject *self) {
 int record_op(RowsObject *self, PyObject *name, PyObject *kind, PyObject *const *args) {
   PyObject *scope = scope_of(self);
   if (scope == nullptr) return -1;
-  PyObject *full = PyUnicode_FromFormat("%U/%U-op%zd", scope, kind, self->count++);
+  const Py_ssize_t n = self->count++;
+  PyObject *entry = self->known->at(static_cast<size_t>(n), scope, kind);  // (order line, escaped name, dumped)
+  if (entry != nullptr) {
+    Py_INCREF(entry);
+  } else {
+    PyObject *full = PyUnicode_FromFormat("%U/%U-op%zd", scope, kind, n);
+    entry = full == nullptr ? nullptr : cached(self->names, full, self->name_entry);
+    Py_XDECREF(full);
+    if (entry != nullptr) self->known->keep(static_cast<size_t>(n), scope, kind, entry);
+  }
   Py_DECREF(scope);
-  if (full == nullptr) return -1;
-  PyObject *entry = cached(self->names, full, self->name_entry);  // (order line, escaped name, dumped)
-  Py_DECREF(full);
   if (entry == nullptr) return -1;
   int rc = -1, wanted = 0;
   if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) {

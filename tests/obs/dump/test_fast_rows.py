@@ -243,3 +243,46 @@ def test_dense_permutations_are_read_here_in_memory_order_as_python_reads_them(m
     same_text(fast, slow)
     # The C++ recorder handed back the gapped ones only; the Python recorder then took all six itself.
     assert handed_back == [(6, 4), (2, 4)] + [tuple(v.shape) for v in dense + gapped]
+
+
+class Swapped(torch.nn.Module):
+    """Two linears, called in the other order from the second step: the same ops at the same positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        first, second = (self.a, self.b) if self.calls == 1 else (self.b, self.a)
+        return second(first(x))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_an_op_at_the_same_position_in_another_module_is_named_after_that_module(tmp_path, monkeypatch, native):
+    if not native:
+        monkeypatch.setenv("OBS_NATIVE_DUMP", "0")
+    cfg = {"common_dump_settings": {"dump_mode": 0, "path": str(tmp_path / "d"), "net_name": "Net",
+                                    "iteration": "0-1", "saved_data": "statistic", "input_output": 2, "kernels": [],
+                                    "support_device": [0], "statistic_category": ["max"]}}
+    (tmp_path / "env.json").write_text(__import__("json").dumps({"dump": cfg}))
+    obs.set_context(env_config_path=str(tmp_path / "env.json"))
+    try:
+        net = Swapped()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)  # its step ends each training step
+        for _ in range(2):
+            net(torch.randn(2, 4)).sum().backward()
+            opt.step()
+    finally:
+        obs.reset_context()
+        tracker.reset()
+    for iteration, (first, second) in (("0", ("a", "b")), ("1", ("b", "a"))):
+        lines = (tmp_path / "d" / "rank_0" / "Net" / "0" / iteration / "statistic.csv").read_text().splitlines()
+        names = [line.split(",")[1] for line in lines[1:]]
+        # the names are escaped: "/" reads "_"
+        assert [n for n in names if "Addmm" in n] == [f"Default_net-Swapped_{first}-Linear_Addmm-op1",
+                                                      f"Default_net-Swapped_{second}-Linear_Addmm-op3"], names
+        grads = [n for n in names if n.startswith("Gradients_") and "_Mm-" in n]
+        assert grads[0].startswith(f"Gradients_Default_net-Swapped_{second}-Linear_Mm-op"), grads
+        assert grads[-1].startswith(f"Gradients_Default_net-Swapped_{first}-Linear_Mm-op"), grads
