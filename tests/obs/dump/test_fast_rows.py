@@ -8,7 +8,7 @@ import torch
 
 import obs
 from obs._core.events import Event, bus
-from obs.dump import native_rows, stats
+from obs.dump import native_rows
 from obs.dump._rows import StatisticRows
 from obs.runtime.steps import tracker
 
