@@ -95,7 +95,6 @@ def compile_statistics(categories: tuple[str, ...]) -> Callable[[torch.Tensor], 
     need = frozenset(categories)
     zeros = bool(need.intersection(_ZEROS))
     hashes = bool(need.intersection(_HASHES))
-    ints = [c in _INTEGRAL for c in categories]
     picks = [_NATIVE_ORDER.index(c) if c in _NATIVE_ORDER else -1 for c in categories]
     native_only = not hashes
 

@@ -450,6 +450,6 @@ def test_forked_dataloader_workers_have_their_own_seq_and_are_marked_as_workers(
     from tests.obs.cli.test_cli import obs_cli
 
     shown = obs_cli("print", str(path)).stdout
-    assert shown.count(f"worker pid ") == 12 and f"(of {me}" in shown
+    assert shown.count("worker pid ") == 12 and f"(of {me}" in shown
     lines = [json.loads(x) for x in obs_cli("print", str(path), "--json").stdout.splitlines()]
     assert sum(x["worker"] for x in lines) == 12 and {x["parent_pid"] for x in lines} == {me}
