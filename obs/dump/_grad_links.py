@@ -54,7 +54,7 @@ def preserves_in_backward(module: torch.nn.Module) -> bool:
 class Watch:
     """The check of the gradient reaching one module output; ``covers``: the watches it makes redundant."""
 
-    __slots__ = ("check", "handle", "node", "slot", "consumer", "covers", "state", "__weakref__")
+    __slots__ = ("check", "handle", "node", "slot", "consumer", "covers", "state")
 
     def __init__(self, check: Any) -> None:
         self.check = check  # check(gradient)

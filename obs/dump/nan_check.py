@@ -27,8 +27,8 @@ import torch
 
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
-from obs.dump._autograd_calls import AutogradCall
 from obs.dump import native_nan
+from obs.dump._autograd_calls import AutogradCall
 from obs.dump._grad_links import ELEMENTWISE_BACKWARD, MAX_POOLS, GradLinks, preserves_in_backward
 from obs.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
 from obs.dump.capture import python_stack, write_capture
