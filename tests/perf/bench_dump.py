@@ -12,7 +12,8 @@ times a block of steps per variant, in wall time and in the training thread's CP
 what the step itself costs, without the time other tenants of a shared machine take the core away).  "ratio"
 is the median over processes of each process's median step times' ratio; "paired" the median over processes of
 the median over rounds of (variant / its baseline in the same round), which cancels the machine's drift between
-rounds.  The MLP is shown too (many small ops: the worst case).
+rounds.  The MLP is shown too (many small ops: the worst case).  The NaN check also runs on its Python path
+(``OBS_NATIVE_DUMP=0``), the measure of what its C++ hooks (``obs/dump/_fast_nan.cpp``) save.
 """
 
 from __future__ import annotations
@@ -46,6 +47,20 @@ def make_variants(tmp: str) -> dict[str, object]:
             return obs.reset_context
         return setup
 
+    def python_path(setup):
+        """``setup`` with obs.dump's C++ extensions switched off while it installs (``OBS_NATIVE_DUMP=0``)."""
+        def run():
+            before = os.environ.get("OBS_NATIVE_DUMP")
+            os.environ["OBS_NATIVE_DUMP"] = "0"
+            try:
+                return setup()
+            finally:
+                if before is None:
+                    del os.environ["OBS_NATIVE_DUMP"]
+                else:
+                    os.environ["OBS_NATIVE_DUMP"] = before
+        return run
+
     def exception_dump():
         obs.set_context(ascend_config={"exception_dump": "2"})
         return obs.reset_context
@@ -59,6 +74,8 @@ def make_variants(tmp: str) -> dict[str, object]:
         "saved_data": "statistic", "input_output": 0, "kernels": [], "support_device": [0]}}}
     return {"plain": plain, "exception_dump armed": exception_dump,
             "nan_check module": with_config("nan", {"nan_check": {"enable": True, "path": tmp}}),
+            "nan_check module, Python path": python_path(with_config("nan", {"nan_check": {"enable": True,
+                                                                                         "path": tmp}})),
             "op interception alone": interception,
             "statistic dump (every op)": with_config("stat", statistic)}
 
@@ -200,6 +217,7 @@ def main() -> None:
                 "statistic dump / op interception, paired": paired("statistic dump (every op) / op interception"),
                 "nan_check / plain": ratio("nan_check module", "plain"),
                 "nan_check / plain, paired": paired("nan_check module"),
+                "nan_check Python path / plain, paired": paired("nan_check module, Python path"),
                 "exception_dump / plain": ratio("exception_dump armed", "plain"),
                 "exception_dump / plain, paired": paired("exception_dump armed")}
 
