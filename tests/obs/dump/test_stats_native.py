@@ -63,7 +63,7 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [0, 1, 7, 255, 256, 257, 511, 512, 513, 1023, 1025, 40_000])
+@pytest.mark.parametrize("n", [0, 1, 7, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025, 2049, 40_000])
 def test_every_dtype_and_length_agrees_with_torch(dtype, n):
     t = sample(dtype, n, seed=n)
     if n > 3 and dtype.is_floating_point:
@@ -340,7 +340,7 @@ def test_a_data_dump_through_the_torch_path_matches_the_c_path(tmp_path, monkeyp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
 def test_the_gate_sees_one_nan_or_inf_at_any_position(dtype):
     """The gate's lanes and its tail: a single bad element anywhere in 32 lanes and a partial block is found."""
-    for n in (1, 15, 16, 17, 31, 32, 33, 95):
+    for n in (1, 15, 16, 17, 31, 32, 33, 95, 130):
         for i in range(n):
             for bad in (float("nan"), float("inf"), -float("inf")):
                 t = torch.ones(n, dtype=dtype)
