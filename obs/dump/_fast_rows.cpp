@@ -11,8 +11,9 @@
 //     shape, strides, dtype and version hold the same values (inference tensors have no version: not
 //     shared);
 //   - anything else is handed to `slow(op, io, slot, tensor)` (StatisticRows.add), in order.
-// Rows are appended to the caller's list as (op, io, slot, record), so the formatter and the Python
-// path read them unchanged.  clear() forgets the shared records (a new step).
+// Rows are kept here, not as Python objects (Step), and text(header, whole, dtypes) formats statistic.csv with
+// obs.dump._stats's number formatting; the Python path's rows, appended by `slow` to the caller's list, keep their
+// place among them.  clear() forgets the step's rows and records.
 //
 // After name_ops(...), on_op(name, args, kwargs, output) is DataDump._on_op (obs/dump/data_dump.py) for
 // an OP_OUTPUT subscriber without a Python frame per op: while `active`, it names the op
@@ -27,6 +28,7 @@
 // Built with torch.utils.cpp_extension against the installed torch (obs/dump/native_rows.py).
 #include <Python.h>
 
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -36,6 +38,8 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -88,12 +92,54 @@ struct KeyHash {
   }
 };
 
-struct Shared {
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  PyObject *record;  // a strong reference
+// A row's op: its type and escaped name (strong references to str) and its microseconds.
+struct OpRef {
+  PyObject *kind, *name;
+  long long stamp;
 };
 
-using Memory = std::unordered_map<Key, Shared, KeyHash>;
+// One tensor's statistics (npicks of Step::values from values_at), dtype and shape (dims of Step::sizes from sizes_at).
+struct Record {
+  c10::ScalarType type;
+  uint32_t values_at, sizes_at, dims;
+};
+
+// A row: an op's input or output slot and its record; a negative record is the Python recorder's row -1 - record of
+// the caller's list (a tensor handed to `slow`), so that rows stay in order.
+struct Row {
+  int32_t op, slot, record;
+  bool output;
+};
+
+struct Shared {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int32_t record;
+};
+
+// One step's rows, kept in C++: a Python tuple, list, floats and shape per row were about 1,000 objects made and freed
+// a step.  text() formats them; clear() forgets them.
+struct Step {
+  std::unordered_map<Key, Shared, KeyHash> memory;  // the records shared by memory
+  std::vector<OpRef> ops;
+  std::vector<Record> records;
+  std::vector<ObsValue> values;
+  std::vector<int64_t> sizes;
+  std::vector<Row> rows;
+
+  void clear() {
+    memory.clear();
+    std::vector<OpRef> old;
+    old.swap(ops);
+    for (auto &op : old) {
+      Py_DECREF(op.kind);
+      Py_DECREF(op.name);
+    }
+    records.clear();
+    values.clear();
+    sizes.clear();
+    rows.clear();
+  }
+};
 
 // Module calls as autograd sequence-number intervals [start, end), kept in exit order (ModuleSpans in Python).
 struct Spans {
@@ -168,7 +214,7 @@ struct RowsObject {
   int zeros;
   int picks[kMaxPicks];
   Py_ssize_t npicks;
-  Memory *memory;
+  Step *step;
   // on_op's state (name_ops): see DataDump for what each is
   PyObject *types, *new_kind, *names, *name_entry, *order, *on_root, *suppression, *uninitialised;
   int active, inputs, outputs, parameters_pending;
@@ -179,46 +225,26 @@ struct RowsObject {
 };
 
 void forget(RowsObject *self) {
-  if (self->memory == nullptr) return;
-  Memory old;
-  old.swap(*self->memory);  // a record's last reference may run arbitrary code: the map is consistent first
-  for (auto &entry : old) Py_DECREF(entry.second.record);
+  if (self->step != nullptr) self->step->clear();
 }
 
-PyObject *new_record(RowsObject *self, const at::Tensor &t, int code) {
-  PyObject *values = g_api->values(t.const_data_ptr(), static_cast<Py_ssize_t>(t.numel()), code, self->zeros, 1,
-                                   self->picks, self->npicks);
-  if (values == nullptr) return nullptr;
+// A new record of t (its index in the step): the statistics from obs.dump._stats (through its capsule: one
+// implementation of them), read with the GIL released for a large buffer, so the step is only touched after.
+int32_t new_record(RowsObject *self, const at::Tensor &t, int code) {
+  ObsValue values[kMaxPicks];
+  g_api->compute(t.const_data_ptr(), static_cast<Py_ssize_t>(t.numel()), code, self->zeros, 1, self->picks,
+                 self->npicks, values);
+  Step &step = *self->step;
   const auto sizes = t.sizes();
-  PyObject *shape = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
-  PyObject *record = PyList_New(4);
-  if (shape == nullptr || record == nullptr) {
-    Py_DECREF(values);
-    Py_XDECREF(shape);
-    Py_XDECREF(record);
-    return nullptr;
-  }
-  for (size_t i = 0; i < sizes.size(); i++) {
-    PyObject *d = PyLong_FromLongLong(sizes[i]);
-    if (d == nullptr) {
-      Py_DECREF(values);
-      Py_DECREF(shape);
-      Py_DECREF(record);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(shape, i, d);
-  }
-  PyObject *dtype = reinterpret_cast<PyObject *>(torch::getTHPDtype(t.scalar_type()));
-  Py_INCREF(dtype);
-  PyList_SET_ITEM(record, 0, values);
-  PyList_SET_ITEM(record, 1, dtype);
-  PyList_SET_ITEM(record, 2, shape);
-  PyList_SET_ITEM(record, 3, Py_NewRef(Py_None));
-  return record;
+  step.records.push_back(Record{t.scalar_type(), static_cast<uint32_t>(step.values.size()),
+                                static_cast<uint32_t>(step.sizes.size()), static_cast<uint32_t>(sizes.size())});
+  step.values.insert(step.values.end(), values, values + self->npicks);
+  step.sizes.insert(step.sizes.end(), sizes.begin(), sizes.end());
+  return static_cast<int32_t>(step.records.size() - 1);
 }
 
-// The record of a tensor this file handles (a new reference), shared with another tensor over the same memory.
-PyObject *record_of(RowsObject *self, const at::Tensor &t, int code) {
+// The record of a tensor this file handles (its index), shared with another tensor over the same memory.
+int32_t record_of(RowsObject *self, const at::Tensor &t, int code) {
   const int dims = static_cast<int>(t.dim());
   if (t.is_inference() || dims > kMaxDims) return new_record(self, t, code);
   Key key{t.const_data_ptr(), static_cast<int64_t>(t._version()), static_cast<int>(t.scalar_type()),
@@ -229,15 +255,14 @@ PyObject *record_of(RowsObject *self, const at::Tensor &t, int code) {
     key.layout[dims + i] = strides[i];
   }
   c10::StorageImpl *storage = t.storage().unsafeGetStorageImpl();
-  auto found = self->memory->find(key);
-  if (found != self->memory->end()) {
-    if (found->second.storage.lock().get() == storage) return Py_NewRef(found->second.record);
-    Py_DECREF(found->second.record);  // another storage at a freed address: replaced below
-    self->memory->erase(found);
+  auto &memory = self->step->memory;
+  auto found = memory.find(key);
+  if (found != memory.end()) {
+    if (found->second.storage.lock().get() == storage) return found->second.record;
+    memory.erase(found);  // another storage at a freed address: replaced below
   }
-  PyObject *record = new_record(self, t, code);
-  if (record == nullptr) return nullptr;
-  self->memory->emplace(key, Shared{t.storage().getWeakStorageImpl(), Py_NewRef(record)});
+  const int32_t record = new_record(self, t, code);
+  self->step->memory.insert_or_assign(key, Shared{t.storage().getWeakStorageImpl(), record});
   return record;
 }
 
@@ -260,8 +285,30 @@ bool dense(const at::Tensor &t) {
   return true;
 }
 
+// The op whose rows are being added: its index in Step::ops, and the (type, name, µs) tuple the slow path is given,
+// made when first needed unless the caller gave one.
+struct OpCtx {
+  int32_t index;
+  PyObject *tuple = nullptr;
+  bool owned = false;
+  OpCtx(int32_t i, PyObject *given) : index(i), tuple(given) {}
+  OpCtx(const OpCtx &) = delete;
+  OpCtx &operator=(const OpCtx &) = delete;
+  ~OpCtx() {
+    if (owned) Py_XDECREF(tuple);
+  }
+  PyObject *python(const Step &step) {
+    if (tuple == nullptr) {
+      const OpRef &op = step.ops[static_cast<size_t>(index)];
+      tuple = Py_BuildValue("(OOL)", op.kind, op.name, op.stamp);
+      owned = tuple != nullptr;
+    }
+    return tuple;
+  }
+};
+
 // One row: here for the tensors this file reads, else through `slow`.  -1 with an exception on failure.
-int add_one(RowsObject *self, PyObject *op, PyObject *io, Py_ssize_t slot, PyObject *value) {
+int add_one(RowsObject *self, OpCtx &op, bool output, Py_ssize_t slot, PyObject *value) {
   int code = -1;
   const at::Tensor *t = nullptr;
   if (THPVariable_CheckExact(value)) {
@@ -270,34 +317,23 @@ int add_one(RowsObject *self, PyObject *op, PyObject *io, Py_ssize_t slot, PyObj
         !t->is_neg() && dense(*t))
       code = code_of(t->scalar_type());
   }
-  PyObject *index = PyLong_FromSsize_t(slot);
-  if (index == nullptr) return -1;
   if (code < 0) {
-    PyObject *args[] = {op, io, index, value};
+    PyObject *tuple = op.python(*self->step);
+    PyObject *index = tuple == nullptr ? nullptr : PyLong_FromSsize_t(slot);
+    if (index == nullptr) return -1;
+    const Py_ssize_t before = PyList_GET_SIZE(self->rows);
+    PyObject *args[] = {tuple, output ? g_output : g_input, index, value};
     PyObject *done = PyObject_Vectorcall(self->slow, args, 4, nullptr);
     Py_DECREF(index);
     if (done == nullptr) return -1;
     Py_DECREF(done);
+    for (Py_ssize_t i = before; i < PyList_GET_SIZE(self->rows); i++)
+      self->step->rows.push_back(Row{op.index, static_cast<int32_t>(slot), static_cast<int32_t>(-1 - i), output});
     return 0;
   }
-  PyObject *record = record_of(self, *t, code);
-  if (record == nullptr) {
-    Py_DECREF(index);
-    return -1;
-  }
-  PyObject *row = PyTuple_New(4);
-  if (row == nullptr) {
-    Py_DECREF(index);
-    Py_DECREF(record);
-    return -1;
-  }
-  PyTuple_SET_ITEM(row, 0, Py_NewRef(op));
-  PyTuple_SET_ITEM(row, 1, Py_NewRef(io));
-  PyTuple_SET_ITEM(row, 2, index);
-  PyTuple_SET_ITEM(row, 3, record);
-  int rc = PyList_Append(self->rows, row);
-  Py_DECREF(row);
-  return rc;
+  const int32_t record = record_of(self, *t, code);
+  self->step->rows.push_back(Row{op.index, static_cast<int32_t>(slot), record, output});
+  return 0;
 }
 
 // Whether `value` is a tensor.  The ints, floats, bools and Nones among an op's arguments are told apart by their
@@ -318,7 +354,7 @@ int tensor_list(PyObject *value) {
   return 1;
 }
 
-int add_all(RowsObject *self, PyObject *op, PyObject *io, PyObject *values) {
+int add_all(RowsObject *self, OpCtx &op, bool output, PyObject *values) {
   PyObject *seq = PySequence_Fast(values, "add_values: values must be a sequence");
   if (seq == nullptr) return -1;
   Py_ssize_t slot = 0;
@@ -326,7 +362,7 @@ int add_all(RowsObject *self, PyObject *op, PyObject *io, PyObject *values) {
   for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
     PyObject *value = PySequence_Fast_GET_ITEM(seq, i);
     if (is_tensor(value)) {
-      rc = add_one(self, op, io, slot++, value);
+      rc = add_one(self, op, output, slot++, value);
       continue;
     }
     int list = tensor_list(value);
@@ -338,7 +374,7 @@ int add_all(RowsObject *self, PyObject *op, PyObject *io, PyObject *values) {
     Py_INCREF(value);  // a list may change under the slow path's Python code
     for (Py_ssize_t j = 0; rc == 0 && j < PySequence_Fast_GET_SIZE(value); j++, slot++) {
       PyObject *item = PySequence_Fast_GET_ITEM(value, j);
-      if (item != Py_None) rc = add_one(self, op, io, slot, item);
+      if (item != Py_None) rc = add_one(self, op, output, slot, item);
     }
     Py_DECREF(value);
   }
@@ -351,17 +387,143 @@ PyObject *Rows_add_values(RowsObject *self, PyObject *const *args, Py_ssize_t na
     PyErr_SetString(PyExc_TypeError, "add_values(op, io, values) takes 3 arguments");
     return nullptr;
   }
-  if (self->rows == nullptr || self->memory == nullptr) {
+  if (self->rows == nullptr || self->step == nullptr) {
     PyErr_SetString(PyExc_TypeError, "Rows.__init__(rows, picks, zeros, slow) was not called");
     return nullptr;
   }
+  PyObject *op = args[0];
+  const int output = PyUnicode_Check(args[1]) ? PyUnicode_CompareWithASCIIString(args[1], "output") == 0 : -1;
+  if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(op, 0)) ||
+      !PyUnicode_Check(PyTuple_GET_ITEM(op, 1)) || (output == 0 && PyUnicode_CompareWithASCIIString(args[1], "input")) ||
+      output < 0) {
+    PyErr_SetString(PyExc_TypeError, "add_values: op is (type: str, name: str, stamp: int), io 'input' or 'output'");
+    return nullptr;
+  }
+  const long long stamp = PyLong_AsLongLong(PyTuple_GET_ITEM(op, 2));
+  if (stamp == -1 && PyErr_Occurred()) return nullptr;
+  Step &step = *self->step;
+  step.ops.push_back(OpRef{Py_NewRef(PyTuple_GET_ITEM(op, 0)), Py_NewRef(PyTuple_GET_ITEM(op, 1)), stamp});
+  OpCtx ctx(static_cast<int32_t>(step.ops.size() - 1), op);
   try {
-    if (add_all(self, args[0], args[1], args[2]) < 0) return nullptr;
+    if (add_all(self, ctx, output == 1, args[2]) < 0) return nullptr;
   } catch (const std::exception &e) {  // an ATen error, or python_error from an isinstance check
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
   Py_RETURN_NONE;
+}
+
+// ---- text: statistic.csv from the step's rows -------------------------------------------------------
+
+void put_utf8(std::string &out, PyObject *text) {  // text: a str (checked where it was kept)
+  Py_ssize_t n;
+  const char *data = PyUnicode_AsUTF8AndSize(text, &n);
+  if (data == nullptr) throw std::runtime_error("statistic.csv: a name is not UTF-8");
+  out.append(data, static_cast<size_t>(n));
+}
+
+void put_int(std::string &out, long long v) {
+  char text[OBS_STATS_TEXT_MAX];
+  const ObsValue value{OBS_INT, 0.0, v};
+  out.append(text, static_cast<size_t>(g_api->value_text(&value, 0, text)));
+}
+
+// "{size},{dtype},\"({shape})\",{statistics}": the columns after the slot (the Python formatter's _format).
+void put_record(std::string &out, const Step &step, const Record &record, const int *whole, Py_ssize_t npicks) {
+  const auto *dtype = reinterpret_cast<THPDtype *>(torch::getTHPDtype(record.type));
+  const int64_t *sizes = step.sizes.data() + record.sizes_at;
+  long long size = static_cast<long long>(c10::elementSize(record.type));
+  for (uint32_t i = 0; i < record.dims; i++) size *= sizes[i];
+  put_int(out, size);
+  out += ',';
+  out += dtype->name;  // "float32": str(torch.float32) without "torch."
+  out += ",\"(";
+  for (uint32_t i = 0; i < record.dims; i++) {
+    if (i) out += ',';
+    put_int(out, sizes[i]);
+  }
+  out += ")\"";
+  const bool floating = c10::isFloatingType(record.type) || c10::isComplexType(record.type);
+  char text[OBS_STATS_TEXT_MAX];
+  for (Py_ssize_t i = 0; i < npicks; i++) {
+    out += ',';
+    const int n = g_api->value_text(&step.values[record.values_at + i], !floating && whole[i], text);
+    out.append(text, static_cast<size_t>(n));
+  }
+}
+
+// text(header, whole, dtypes): statistic.csv, the header then one line per row in order.  Each record is formatted
+// once; the Python recorder's rows through obs.dump._stats's formatter (whole, dtypes: as format_rows takes them).
+PyObject *Rows_text(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyUnicode_Check(args[0]) || !PyList_Check(args[1]) || !PyDict_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "text(header: str, whole: list, dtypes: dict)");
+    return nullptr;
+  }
+  if (self->step == nullptr || self->rows == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "Rows.__init__(rows, picks, zeros, slow) was not called");
+    return nullptr;
+  }
+  int whole[kMaxPicks] = {0};
+  for (Py_ssize_t i = 0; i < self->npicks && i < PyList_GET_SIZE(args[1]); i++)
+    if ((whole[i] = PyObject_IsTrue(PyList_GET_ITEM(args[1], i))) < 0) return nullptr;
+  const Step &step = *self->step;
+  try {
+    std::string out;
+    out.reserve(4096 + 96 * step.rows.size());
+    put_utf8(out, args[0]);
+    out += '\n';
+    std::vector<std::pair<size_t, size_t>> texts(step.records.size(), {0, 0});  // each record's text in `out`
+    int32_t last_op = -1;
+    size_t prefix_at = 0, prefix_len = 0;
+    for (const Row &row : step.rows) {
+      if (row.op < 0 || static_cast<size_t>(row.op) >= step.ops.size()) continue;  // cleared while it was added
+      if (row.record < 0) {
+        const Py_ssize_t at = -1 - static_cast<Py_ssize_t>(row.record);
+        if (at >= PyList_GET_SIZE(self->rows)) continue;
+        PyObject *line = g_api->row_line(PyList_GET_ITEM(self->rows, at), args[1], args[2]);
+        if (line == nullptr) return nullptr;
+        put_utf8(out, line);
+        Py_DECREF(line);
+        last_op = -1;
+        continue;
+      }
+      if (static_cast<size_t>(row.record) >= step.records.size()) continue;
+      if (row.op == last_op) {  // an op's rows follow one another: copy its prefix
+        out.append(out, prefix_at, prefix_len);
+      } else {
+        const OpRef &op = step.ops[static_cast<size_t>(row.op)];
+        last_op = row.op;
+        prefix_at = out.size();
+        put_utf8(out, op.kind);
+        out += ',';
+        put_utf8(out, op.name);
+        out += ",0,0,";
+        put_int(out, op.stamp);
+        out += ',';
+        prefix_len = out.size() - prefix_at;
+      }
+      out += row.output ? "output," : "input,";
+      put_int(out, row.slot);
+      out += ',';
+      auto &text = texts[static_cast<size_t>(row.record)];
+      if (text.second) {
+        out.append(out, text.first, text.second);
+      } else {
+        text.first = out.size();
+        put_record(out, step, step.records[static_cast<size_t>(row.record)], whole, self->npicks);
+        text.second = out.size() - text.first;
+      }
+      out += '\n';
+    }
+    return PyUnicode_DecodeUTF8(out.data(), static_cast<Py_ssize_t>(out.size()), "strict");
+  } catch (const std::exception &e) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyObject *Rows_get_size(RowsObject *self, void *) {
+  return PyLong_FromSize_t(self->step == nullptr ? 0 : self->step->rows.size());
 }
 
 PyObject *Rows_clear(RowsObject *self, PyObject *) {
@@ -389,7 +551,7 @@ int Rows_init(RowsObject *self, PyObject *args, PyObject *kwargs) {
   self->zeros = zeros;
   Py_XSETREF(self->rows, Py_NewRef(rows));
   Py_XSETREF(self->slow, Py_NewRef(slow));
-  if (self->memory == nullptr) self->memory = new Memory();
+  if (self->step == nullptr) self->step = new Step();
   if (self->spans == nullptr) self->spans = new Spans();
   if (self->known == nullptr) self->known = new Names();
   forget(self);
@@ -400,9 +562,8 @@ int Rows_traverse(RowsObject *self, visitproc visit, void *arg) {
 #define VISIT(f) Py_VISIT(self->f);
   REFS(VISIT)  // slow: a bound method of the StatisticRows that holds this object, a cycle
 #undef VISIT
-  if (self->memory != nullptr)
-    for (auto &entry : *self->memory) Py_VISIT(entry.second.record);
-  return 0;
+  return 0;  // the step's ops hold only str
+
 }
 
 int Rows_clear_refs(RowsObject *self) {
@@ -421,7 +582,7 @@ int Rows_clear_refs(RowsObject *self) {
 void Rows_dealloc(RowsObject *self) {
   PyObject_GC_UnTrack(self);
   Rows_clear_refs(self);
-  delete self->memory;
+  delete self->step;
   delete self->spans;
   delete self->known;
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
@@ -495,9 +656,16 @@ int record_op(RowsObject *self, PyObject *name, PyObject *kind, PyObject *const 
     Py_DECREF(entry);
     return rc;
   }
-  PyObject *op = Py_BuildValue("(OOL)", kind, PyTuple_GET_ITEM(entry, 1), next_stamp(self));
+  PyObject *escaped = PyTuple_GET_ITEM(entry, 1);
+  if (!PyUnicode_Check(escaped)) {
+    Py_DECREF(entry);
+    PyErr_SetString(PyExc_TypeError, "on_op: a name entry's escaped name is a str");
+    return -1;
+  }
+  Step &step = *self->step;
+  step.ops.push_back(OpRef{Py_NewRef(kind), Py_NewRef(escaped), next_stamp(self)});
   Py_DECREF(entry);
-  if (op == nullptr) return -1;
+  OpCtx op(static_cast<int32_t>(step.ops.size() - 1), nullptr);
   if (self->inputs) {  // positional arguments, then keyword arguments' values
     PyObject *kw = args[2], *values;
     if (PyDict_Check(kw) && PyDict_GET_SIZE(kw)) {
@@ -508,7 +676,7 @@ int record_op(RowsObject *self, PyObject *name, PyObject *kind, PyObject *const 
     } else {
       values = Py_NewRef(args[1]);
     }
-    rc = values == nullptr ? -1 : add_all(self, op, g_input, values);
+    rc = values == nullptr ? -1 : add_all(self, op, false, values);
     Py_XDECREF(values);
   }
   if (rc == 0 && self->outputs) {
@@ -523,11 +691,10 @@ int record_op(RowsObject *self, PyObject *name, PyObject *kind, PyObject *const 
       PyObject *items = PyList_Check(output) || PyTuple_Check(output) ? Py_NewRef(output) : PyTuple_Pack(1, output);
       PyObject *wrapped = items == nullptr ? nullptr : PyTuple_Pack(1, items);
       Py_XDECREF(items);
-      rc = wrapped == nullptr ? -1 : add_all(self, op, g_output, wrapped);
+      rc = wrapped == nullptr ? -1 : add_all(self, op, true, wrapped);
       Py_XDECREF(wrapped);
     }
   }
-  Py_DECREF(op);
   return rc;
 }
 
@@ -537,7 +704,7 @@ PyObject *Rows_on_op(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return nullptr;
   }
   if (!self->active) Py_RETURN_NONE;
-  if (self->types == nullptr || self->rows == nullptr || self->memory == nullptr) {
+  if (self->types == nullptr || self->rows == nullptr || self->step == nullptr) {
     PyErr_SetString(PyExc_TypeError, "on_op: Rows.__init__ and name_ops were not called");
     return nullptr;
   }
@@ -654,12 +821,15 @@ PyGetSetDef rows_getset[] = {
      "ops named in this step", nullptr},
     {"active", reinterpret_cast<getter>(Rows_get_active), reinterpret_cast<setter>(Rows_set_active),
      "whether on_op records (a selected step)", nullptr},
+    {"size", reinterpret_cast<getter>(Rows_get_size), nullptr, "the step's rows", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyMethodDef rows_methods[] = {
     {"add_values", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_add_values)), METH_FASTCALL,
      "add_values(op, io, values): the rows of the tensors in values (slots follow positions)"},
-    {"clear", reinterpret_cast<PyCFunction>(Rows_clear), METH_NOARGS, "forget the records shared so far"},
+    {"clear", reinterpret_cast<PyCFunction>(Rows_clear), METH_NOARGS, "forget the step's rows and records"},
+    {"text", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_text)), METH_FASTCALL,
+     "text(header, whole, dtypes): statistic.csv of the step's rows"},
     {"on_op", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_on_op)), METH_FASTCALL,
      "on_op(name, args, kwargs, output): DataDump._on_op (after name_ops)"},
     {"name_ops", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Rows_name_ops)),

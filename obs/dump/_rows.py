@@ -10,8 +10,9 @@ formats each record once and every row from it, in one tight loop instead of a l
 between the training step's kernels.
 
 Plain CPU tensors are recorded by a C++ recorder (``obs/dump/_fast_rows.cpp``, through
-:mod:`obs.dump.native_rows`) that reads them through ATen and appends the same rows to the same list;
-it hands every other tensor back to :meth:`StatisticRows.add`, so rows stay in order.  The Python
+:mod:`obs.dump.native_rows`) that reads them through ATen and keeps the same rows in C++, without a
+Python object each, and formats them there; it hands every other tensor back to :meth:`StatisticRows._add`
+(which appends to this list) and keeps its place among its rows, so rows stay in order.  The Python
 path here is the reference the tests hold it to, and the fallback where it is not built.
 """
 
@@ -73,14 +74,14 @@ def each_tensor(op: Op, io: str, values: Sequence[Any], sink: Callable[[Op, str,
 class StatisticRows:
     """The rows of one step; ``add_values`` (or ``add``) while ops run, ``text`` at the end, ``clear`` for the
     next step.  ``add_values`` is the C++ recorder (obs/dump/_fast_rows.cpp) where it is built and the
-    statistics allow it (no hash), else :func:`each_tensor` over :meth:`add`; ``native=False`` asks for Python."""
+    statistics allow it (no hash), else :func:`each_tensor` over :meth:`_add`; ``native=False`` asks for Python."""
 
     def __init__(self, categories: Sequence[str], *, native: bool = True) -> None:
         self.header = csv_header(categories)
         self._stats = compile_statistics(tuple(categories))
         self._contiguous = compile_contiguous(tuple(categories))  # the C pass on what _by_memory already read
         self._whole = [c in _WHOLE for c in categories]
-        self._rows: list[tuple[Op, str, int, list[Any]]] = []  # the C++ recorder appends to this list: kept
+        self._rows: list[tuple[Op, str, int, list[Any]]] = []  # the C++ recorder's slow rows are here too: kept
         self._seen: dict[int, tuple[Any, int, list[Any] | None]] = {}
         self._memory: dict[tuple[Any, ...], tuple[Any, list[Any]]] = {}
         self._dtypes: dict[torch.dtype, tuple[int, str, bool]] = {}  # itemsize, name, floating: for the C formatter
@@ -88,12 +89,12 @@ class StatisticRows:
             self._dtype_info(dtype)
         picks = native_picks(tuple(categories)) if native else None
         self.native = None if picks is None else native_rows.row_recorder(
-            self._rows, picks[0], picks[1], self.add)
+            self._rows, picks[0], picks[1], self._add)
         self.add_values: Callable[[Op, str, Sequence[Any]], None] = \
             self.native.add_values if self.native is not None else self._add_values
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._rows) if self.native is None else self.native.size
 
     def clear(self) -> None:
         self._rows.clear()
@@ -103,13 +104,20 @@ class StatisticRows:
             self.native.clear()
 
     def _add_values(self, op: Op, io: str, values: Sequence[Any]) -> None:
-        each_tensor(op, io, values, self.add)
+        each_tensor(op, io, values, self._add)
 
     def _dtype_info(self, dtype: torch.dtype) -> None:
         self._dtypes[dtype] = (dtype.itemsize, _dtype_name(dtype), dtype.is_floating_point or dtype.is_complex)
 
     def add(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> None:
         """One row for ``tensor`` (none for a tensor without strided values of one shape: sparse, meta, nested)."""
+        if self.native is not None:  # the C++ recorder keeps the rows: it places the tensor at its slot
+            self.native.add_values(op, io, (*(None,) * slot, tensor))
+        else:
+            self._add(op, io, slot, tensor)
+
+    def _add(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> None:
+        """:meth:`add` in Python: the C++ recorder's slow path, and the whole recorder where it is not built."""
         try:
             version = tensor._version
         except RuntimeError:  # an inference tensor has no version counter: not shared
@@ -156,6 +164,8 @@ class StatisticRows:
 
     def text(self) -> str:
         """statistic.csv: the header, then one line per row, in the order they were added."""
+        if self.native is not None:
+            return self.native.text(self.header, self._whole, self._dtypes)
         native = stats.native
         if native is not None:
             return native.format_rows(self._rows, self.header, self._whole, self._dtypes)

@@ -401,12 +401,11 @@ static PyObject *m_reduce(PyObject *self, PyObject *const *args, Py_ssize_t narg
 }
 
 /* The statistics of `n // repeat` distinct elements repeated `repeat` times, in _NATIVE_ORDER (stats.py):
- * (max, min, avg, count, l2norm, nan, +inf, -inf, zero, -zero, +zero), picked by `picks` into a new list.  max,
- * min and avg are None when no element is finite; l2norm is NaN with a NaN, Inf with an Inf.  The one
- * implementation of these values: stats.py calls it through `values`, the C++ row recorder through the
- * capsule `_C_API`.  NULL with an exception on failure. */
-static PyObject *stats_values(const void *p, Py_ssize_t n, int code, int zeros, Py_ssize_t repeat,
-                              const int *picks, Py_ssize_t npicks) {
+ * (max, min, avg, count, l2norm, nan, +inf, -inf, zero, -zero, +zero), picked by `picks` into out.  max, min and
+ * avg are None when no element is finite; l2norm is NaN with a NaN, Inf with an Inf.  The one implementation of
+ * these values: stats.py calls it through `values`, the C++ row recorder through the capsule `_C_API`. */
+static void stats_compute(const void *p, Py_ssize_t n, int code, int zeros, Py_ssize_t repeat, const int *picks,
+                          Py_ssize_t npicks, ObsValue *out) {
     Stats r;
     Py_ssize_t distinct = repeat > 0 ? n / repeat : n;
     int need = 0;
@@ -414,29 +413,43 @@ static PyObject *stats_values(const void *p, Py_ssize_t n, int code, int zeros, 
     run_unlocked(p, distinct, code, zeros, need, &r);
     long long finite = (long long)distinct - r.nan - r.pinf - r.ninf, k = repeat > 0 ? repeat : 1;
     double norm = r.nan ? NAN : (r.pinf || r.ninf) ? INFINITY : sqrt(r.sumsq * (double)k);
+    for (Py_ssize_t i = 0; i < npicks; i++) {
+        ObsValue *v = &out[i];
+        v->kind = OBS_INT;
+        v->d = 0.0;
+        switch (picks[i]) {
+        case 0: v->kind = finite ? OBS_FLOAT : OBS_NONE; v->d = r.mx; break;
+        case 1: v->kind = finite ? OBS_FLOAT : OBS_NONE; v->d = r.mn; break;
+        case 2: v->kind = finite ? OBS_FLOAT : OBS_NONE; v->d = finite ? r.sum / (double)finite : 0.0; break;
+        case 3: v->i = n; break;
+        case 4: v->kind = OBS_FLOAT; v->d = norm; break;
+        case 5: v->i = r.nan * k; break;
+        case 6: v->i = r.pinf * k; break;
+        case 7: v->i = r.ninf * k; break;
+        case 8: v->i = r.zero * k; break;
+        case 9: v->i = r.negzero * k; break;
+        case 10: v->i = (r.zero - r.negzero) * k; break;
+        default: v->kind = OBS_NONE; break;
+        }
+    }
+}
+
+/* stats_compute's values as a new list of floats, ints and Nones; NULL with an exception. */
+static PyObject *stats_values(const void *p, Py_ssize_t n, int code, int zeros, Py_ssize_t repeat,
+                              const int *picks, Py_ssize_t npicks) {
+    ObsValue values[OBS_STATS_MAX_PICKS];
+    stats_compute(p, n, code, zeros, repeat, picks, npicks, values);
     PyObject *out = PyList_New(npicks);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < npicks; i++) {
-        PyObject *v;
-        switch (picks[i]) {
-        case 0: v = finite ? PyFloat_FromDouble(r.mx) : Py_NewRef(Py_None); break;
-        case 1: v = finite ? PyFloat_FromDouble(r.mn) : Py_NewRef(Py_None); break;
-        case 2: v = finite ? PyFloat_FromDouble(r.sum / (double)finite) : Py_NewRef(Py_None); break;
-        case 3: v = PyLong_FromSsize_t(n); break;
-        case 4: v = PyFloat_FromDouble(norm); break;
-        case 5: v = PyLong_FromLongLong(r.nan * k); break;
-        case 6: v = PyLong_FromLongLong(r.pinf * k); break;
-        case 7: v = PyLong_FromLongLong(r.ninf * k); break;
-        case 8: v = PyLong_FromLongLong(r.zero * k); break;
-        case 9: v = PyLong_FromLongLong(r.negzero * k); break;
-        case 10: v = PyLong_FromLongLong((r.zero - r.negzero) * k); break;
-        default: v = Py_NewRef(Py_None); break;
-        }
-        if (v == NULL) {
+        const ObsValue *v = &values[i];
+        PyObject *item = v->kind == OBS_FLOAT ? PyFloat_FromDouble(v->d)
+                         : v->kind == OBS_INT ? PyLong_FromLongLong(v->i) : Py_NewRef(Py_None);
+        if (item == NULL) {
             Py_DECREF(out);
             return NULL;
         }
-        PyList_SET_ITEM(out, i, v);
+        PyList_SET_ITEM(out, i, item);
     }
     return out;
 }
@@ -518,8 +531,9 @@ static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
     return 0;
 }
 
-/* Decimal digits of v (snprintf's "%lld" without its format parsing: statistic.csv writes several per row). */
-static int buf_int(Buf *b, long long v) {
+/* Decimal digits of v into out (snprintf's "%lld" without its format parsing: statistic.csv writes several per
+ * row); the length. */
+static int int_text(long long v, char *out) {
     char text[24];
     int n = sizeof text;
     unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
@@ -528,7 +542,13 @@ static int buf_int(Buf *b, long long v) {
         u /= 10;
     } while (u);
     if (v < 0) text[--n] = '-';
-    return buf_put(b, text + n, (Py_ssize_t)sizeof text - n);
+    memcpy(out, text + n, sizeof text - n);
+    return (int)sizeof text - n;
+}
+
+static int buf_int(Buf *b, long long v) {
+    char text[24];
+    return buf_put(b, text, int_text(v, text));
 }
 
 static int buf_str(Buf *b, PyObject *text) { /* a str, as UTF-8 */
@@ -545,10 +565,10 @@ static int buf_obj(Buf *b, PyObject *value) { /* str(value) */
     return rc;
 }
 
-/* repr(d) of a finite, nonzero double, as Python writes it: the shortest digits that read back as d (Ryu's d2d,
- * about 40 ns where PyOS_double_to_string takes 400), in fixed notation when 1e-4 <= |d| < 1e16 ("2.0" when
- * whole), else as d.ddde-05 / de+16. */
-static int buf_repr(Buf *b, double d) {
+/* repr(d) of a finite, nonzero double into out, as Python writes it: the shortest digits that read back as d (Ryu's
+ * d2d, about 40 ns where PyOS_double_to_string takes 400), in fixed notation when 1e-4 <= |d| < 1e16 ("2.0" when
+ * whole), else as d.ddde-05 / de+16; the length (at most 25). */
+static int repr_text(double d, char *out) {
     const uint64_t bits = double_to_bits(d);
     const uint64_t mantissa = bits & ((1ull << DOUBLE_MANTISSA_BITS) - 1);
     const uint32_t exponent = (uint32_t)(bits >> DOUBLE_MANTISSA_BITS) & ((1u << DOUBLE_EXPONENT_BITS) - 1);
@@ -561,7 +581,7 @@ static int buf_repr(Buf *b, double d) {
     } else {
         v = d2d(mantissa, exponent);
     }
-    char digits[20], out[48];
+    char digits[20];
     int n = 0, len = 0;
     for (uint64_t m = v.mantissa; m; m /= 10) digits[n++] = (char)('0' + m % 10); /* least significant first */
     const int point = n + v.exponent; /* d = 0.DIGITS x 10^point */
@@ -592,34 +612,50 @@ static int buf_repr(Buf *b, double d) {
             out[len++] = '0';
         }
     }
-    return buf_put(b, out, len);
+    return len;
+}
+
+static int put_literal(char *out, const char *text) {
+    int n = (int)strlen(text);
+    memcpy(out, text, n);
+    return n;
+}
+
+/* One statistic as statistic.csv writes it (the Python formatter's _number and repr): None as null; an integer
+ * tensor's integral max/min as an integer; a float as repr() writes it.  The C++ recorder's values and the Python
+ * recorder's both come here (value_text of the capsule, buf_number). */
+static int value_text(const ObsValue *v, int whole, char *out) {
+    if (v->kind == OBS_NONE) return put_literal(out, "null");
+    if (v->kind == OBS_INT) return int_text(v->i, out);
+    const double d = v->d;
+    if (whole && isfinite(d) && d == floor(d)) { /* 3, not 3.0; str(int(d)) is exact, as %.0f is */
+        if (fabs(d) < 9e18) return int_text((long long)d, out);
+        return snprintf(out, OBS_STATS_TEXT_MAX, "%.0f", d);
+    }
+    if (isfinite(d) && d != 0.0) return repr_text(d, out);
+    if (d == 0.0) return put_literal(out, signbit(d) ? "-0.0" : "0.0");
+    return put_literal(out, isnan(d) ? "nan" : d > 0 ? "inf" : "-inf");
 }
 
 static int buf_number(Buf *b, PyObject *v, int whole) {
-    if (v == Py_None) return buf_put(b, "null", 4);
+    ObsValue value = {OBS_NONE, 0.0, 0};
     if (PyFloat_CheckExact(v)) {
-        double d = PyFloat_AS_DOUBLE(v);
-        if (whole && isfinite(d) && d == floor(d)) { /* an integer tensor's max/min: 3, not 3.0 */
-            PyObject *i = PyLong_FromDouble(d);
-            if (i == NULL) return -1;
-            int rc = buf_obj(b, i);
-            Py_DECREF(i);
-            return rc;
-        }
-        if (isfinite(d) && d != 0.0) return buf_repr(b, d);
-        char *text = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL); /* repr() of 0, -0, inf, nan */
-        if (text == NULL) return -1;
-        int rc = buf_put(b, text, (Py_ssize_t)strlen(text));
-        PyMem_Free(text);
-        return rc;
-    }
-    if (PyLong_CheckExact(v)) {
+        value.kind = OBS_FLOAT;
+        value.d = PyFloat_AS_DOUBLE(v);
+    } else if (PyLong_CheckExact(v)) {
         int overflow;
-        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (!overflow && !(x == -1 && PyErr_Occurred())) return buf_int(b, x);
-        PyErr_Clear();
+        value.kind = OBS_INT;
+        value.i = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || (value.i == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return buf_obj(b, v);
+        }
+    } else if (v != Py_None) {
+        return buf_obj(b, v);
     }
-    return buf_obj(b, v);
+    if (buf_grow(b, OBS_STATS_TEXT_MAX) < 0) return -1;
+    b->len += value_text(&value, whole, b->data + b->len);
+    return 0;
 }
 
 /* A record's text: size, dtype, "(shape)", then its statistics. */
@@ -667,6 +703,55 @@ fail:
     return NULL;
 }
 
+/* A row's op prefix: "{type},{name},0,0,{µs}," of op = (type, name, µs). */
+static int op_prefix(Buf *b, PyObject *op) {
+    if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) != 3) {
+        PyErr_SetString(PyExc_TypeError, "format_rows: an op is (type, name, stamp)");
+        return -1;
+    }
+    if (buf_str(b, PyTuple_GET_ITEM(op, 0)) < 0 || buf_put(b, ",", 1) < 0 || buf_str(b, PyTuple_GET_ITEM(op, 1)) < 0 ||
+        buf_put(b, ",0,0,", 5) < 0 || buf_obj(b, PyTuple_GET_ITEM(op, 2)) < 0 || buf_put(b, ",", 1) < 0)
+        return -1;
+    return 0;
+}
+
+/* The rest of a row's line: "{io},{slot},{record's text}\n"; the record keeps its text. */
+static int row_rest(Buf *b, PyObject *row, PyObject *whole, PyObject *dtypes) {
+    long long slot = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 2));
+    if (slot == -1 && PyErr_Occurred()) return -1;
+    if (buf_str(b, PyTuple_GET_ITEM(row, 1)) < 0 || buf_put(b, ",", 1) < 0 || buf_int(b, slot) < 0 ||
+        buf_put(b, ",", 1) < 0)
+        return -1;
+    PyObject *record = PyTuple_GET_ITEM(row, 3);
+    if (!PyList_Check(record) || PyList_GET_SIZE(record) != 4) {
+        PyErr_SetString(PyExc_TypeError, "format_rows: a record is [values, dtype, shape, text]");
+        return -1;
+    }
+    PyObject *text = PyList_GET_ITEM(record, 3);
+    if (text == Py_None) {
+        text = record_text(record, whole, dtypes);
+        if (text == NULL) return -1;
+        PyList_SetItem(record, 3, text); /* steals the reference; the record keeps it */
+    }
+    return buf_str(b, text) < 0 || buf_put(b, "\n", 1) < 0 ? -1 : 0;
+}
+
+static int is_row(PyObject *row) {
+    if (PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 4) return 1;
+    PyErr_SetString(PyExc_TypeError, "format_rows: a row is (op, io, slot, record)");
+    return 0;
+}
+
+/* row_line of the capsule: one row's whole line. */
+static PyObject *row_line(PyObject *row, PyObject *whole, PyObject *dtypes) {
+    Buf b = {0};
+    PyObject *line = NULL;
+    if (is_row(row) && op_prefix(&b, PyTuple_GET_ITEM(row, 0)) == 0 && row_rest(&b, row, whole, dtypes) == 0)
+        line = PyUnicode_DecodeUTF8(b.data, b.len, "strict");
+    PyMem_Free(b.data);
+    return line;
+}
+
 static PyObject *m_format_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyList_Check(args[0]) || !PyUnicode_Check(args[1]) || !PyList_Check(args[2]) ||
         !PyDict_Check(args[3])) {
@@ -679,44 +764,19 @@ static PyObject *m_format_rows(PyObject *self, PyObject *const *args, Py_ssize_t
     if (buf_str(&b, args[1]) < 0 || buf_put(&b, "\n", 1) < 0) goto fail;
     for (Py_ssize_t r = 0; r < PyList_GET_SIZE(rows); r++) {
         PyObject *row = PyList_GET_ITEM(rows, r);
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 4) {
-            PyErr_SetString(PyExc_TypeError, "format_rows: a row is (op, io, slot, record)");
-            goto fail;
-        }
-        PyObject *op = PyTuple_GET_ITEM(row, 0), *record = PyTuple_GET_ITEM(row, 3);
+        if (!is_row(row)) goto fail;
+        PyObject *op = PyTuple_GET_ITEM(row, 0);
         if (op == last_op) { /* an op's rows follow one another: copy its prefix */
             if (buf_grow(&b, prefix_len) < 0) goto fail;
             memmove(b.data + b.len, b.data + prefix_at, prefix_len);
             b.len += prefix_len;
         } else {
-            if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) != 3) {
-                PyErr_SetString(PyExc_TypeError, "format_rows: an op is (type, name, stamp)");
-                goto fail;
-            }
             last_op = op;
             prefix_at = b.len;
-            if (buf_str(&b, PyTuple_GET_ITEM(op, 0)) < 0 || buf_put(&b, ",", 1) < 0 ||
-                buf_str(&b, PyTuple_GET_ITEM(op, 1)) < 0 || buf_put(&b, ",0,0,", 5) < 0 ||
-                buf_obj(&b, PyTuple_GET_ITEM(op, 2)) < 0 || buf_put(&b, ",", 1) < 0)
-                goto fail;
+            if (op_prefix(&b, op) < 0) goto fail;
             prefix_len = b.len - prefix_at;
         }
-        long long slot = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 2));
-        if (slot == -1 && PyErr_Occurred()) goto fail;
-        if (buf_str(&b, PyTuple_GET_ITEM(row, 1)) < 0 || buf_put(&b, ",", 1) < 0 || buf_int(&b, slot) < 0 ||
-            buf_put(&b, ",", 1) < 0)
-            goto fail;
-        if (!PyList_Check(record) || PyList_GET_SIZE(record) != 4) {
-            PyErr_SetString(PyExc_TypeError, "format_rows: a record is [values, dtype, shape, text]");
-            goto fail;
-        }
-        PyObject *text = PyList_GET_ITEM(record, 3);
-        if (text == Py_None) {
-            text = record_text(record, whole, dtypes);
-            if (text == NULL) goto fail;
-            PyList_SetItem(record, 3, text); /* steals the reference; the record keeps it */
-        }
-        if (buf_str(&b, text) < 0 || buf_put(&b, "\n", 1) < 0) goto fail;
+        if (row_rest(&b, row, whole, dtypes) < 0) goto fail;
     }
     PyObject *out = PyUnicode_DecodeUTF8(b.data, b.len, "strict");
     PyMem_Free(b.data);
@@ -751,8 +811,8 @@ PyMODINIT_FUNC PyInit__stats(void) {
         Py_DECREF(m);
         return NULL;
     }
-    /* For the C++ row recorder (obs/dump/_fast_rows.cpp): stats_values and the finite gate without a Python call. */
-    static ObsStatsApi api = {OBS_STATS_API_VERSION, stats_values, all_finite};
+    /* For the C++ row recorder (obs/dump/_fast_rows.cpp) and NaN check (_fast_nan.cpp): no Python call. */
+    static ObsStatsApi api = {OBS_STATS_API_VERSION, stats_compute, all_finite, value_text, row_line};
     PyObject *capsule = PyCapsule_New(&api, "obs.dump._stats._C_API", NULL);
     if (capsule == NULL || PyModule_AddObject(m, "_C_API", capsule) < 0) {
         Py_XDECREF(capsule);

@@ -124,6 +124,31 @@ def test_clear_starts_a_new_step():
     assert same_text(fast, slow).splitlines()[1].endswith(",4.0")
 
 
+def test_rows_kept_in_cpp_count_place_and_interleave_with_python_rows():
+    """The C++ recorder keeps its rows itself: add() places a tensor at its slot, the rows it hands to Python keep
+    their place among its own, len() counts both, and a cleared step starts empty."""
+    fast, slow = pair(("max", "count"))
+    plain, tagged = torch.arange(4.0), torch.arange(3.0).as_subclass(Tagged)
+    for rows in (fast, slow):
+        rows.add(("Mul", "Default_Mul-op0", 5), "input", 3, plain)
+        feed(rows, [("input", (tagged, plain, tagged)), ("output", (plain,))])
+        rows.add(("Mul", "Default_Mul-op9", 9), "output", 0, tagged)
+    text = same_text(fast, slow)
+    assert len(fast) == len(slow) == 6 and len(fast._rows) == 3  # its Python rows: the subclass's three
+    assert [line.split(",")[6] for line in text.splitlines()[1:]] == ["3", "0", "1", "2", "0", "0"]
+    fast.clear()
+    assert len(fast) == 0 and fast.text() == fast.header + "\n"
+
+
+def test_the_native_recorder_refuses_a_malformed_op_or_io():
+    rows = StatisticRows(("max",))
+    for op, io in [(("Op", "x"), "input"), ((1, "x", 1), "input"), (("Op", "x", "soon"), "input"),
+                   (("Op", "x", 1), "in"), (("Op", "x", 1), None)]:
+        with pytest.raises(TypeError):
+            rows.native.add_values(op, io, (torch.ones(1),))
+    assert len(rows) == 0
+
+
 def test_a_hash_category_and_the_switch_keep_the_python_path(monkeypatch):
     assert StatisticRows(("md5", "max")).native is None
     monkeypatch.setenv("OBS_NATIVE_DUMP", "0")
@@ -229,8 +254,8 @@ def test_without_a_compiler_the_dump_says_why_once_and_records_in_python(tmp_pat
 
 def test_dense_permutations_are_read_here_in_memory_order_as_python_reads_them(monkeypatch):
     handed_back = []
-    real_add = StatisticRows.add
-    monkeypatch.setattr(StatisticRows, "add", lambda self, op, io, slot, t: handed_back.append(tuple(t.shape))
+    real_add = StatisticRows._add  # the Python recorder, and the C++ one's slow path
+    monkeypatch.setattr(StatisticRows, "_add", lambda self, op, io, slot, t: handed_back.append(tuple(t.shape))
                         or real_add(self, op, io, slot, t))
     fast, slow = pair(ALL)
     torch.manual_seed(0)

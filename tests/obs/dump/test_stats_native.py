@@ -250,7 +250,7 @@ def test_bad_arguments_are_refused():
 def test_the_c_formatter_writes_statistic_csv_as_the_python_one(categories):
     from obs.dump._rows import StatisticRows
 
-    rows = StatisticRows(categories)
+    rows = StatisticRows(categories, native=False)  # Python rows, formatted by the C formatter
     tensors = [torch.randn(3, 4), torch.tensor([[1, -5], [7, 2**40]]), torch.tensor(3.5, dtype=torch.float64),
                torch.tensor([float("nan")] * 3, dtype=torch.float16), torch.tensor([True, False]),
                torch.empty(0, 2), torch.tensor([1.0, 2.0], dtype=torch.bfloat16), torch.randn(2, 2).to_sparse()]
@@ -284,7 +284,7 @@ def test_the_c_formatter_writes_every_double_as_repr_does():
     values += [struct.unpack("<f", struct.pack("<I", gen.getrandbits(32)))[0] for _ in range(20_000)]
     values += [gen.gauss(0, 1) * 10 ** gen.randint(-8, 20) for _ in range(20_000)]
     values += [float(gen.randint(-10**18, 10**18)) for _ in range(5_000)]
-    rows = StatisticRows(("max",))
+    rows = StatisticRows(("max",), native=False)  # Python rows, formatted by the C formatter
     records = [[[v], torch.float64, (1,), None] for v in values]
     rows._rows = [(("Add", "Default/Add-op0", 1), "output", 0, record) for record in records]
     lines = rows.text().splitlines()[1:]
