@@ -299,6 +299,10 @@ struct OpCtx {
   }
   PyObject *python(const Step &step) {
     if (tuple == nullptr) {
+      if (static_cast<size_t>(index) >= step.ops.size()) {  // the step was cleared while a buffer was read
+        PyErr_SetString(PyExc_RuntimeError, "statistic rows: the step was cleared while its op was recorded");
+        return nullptr;
+      }
       const OpRef &op = step.ops[static_cast<size_t>(index)];
       tuple = Py_BuildValue("(OOL)", op.kind, op.name, op.stamp);
       owned = tuple != nullptr;
@@ -475,7 +479,8 @@ PyObject *Rows_text(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
     std::vector<std::pair<size_t, size_t>> texts(step.records.size(), {0, 0});  // each record's text in `out`
     int32_t last_op = -1;
     size_t prefix_at = 0, prefix_len = 0;
-    for (const Row &row : step.rows) {
+    for (size_t r = 0; r < step.rows.size(); r++) {  // by index: a Python row's formatting may run Python code
+      const Row row = step.rows[r];
       if (row.op < 0 || static_cast<size_t>(row.op) >= step.ops.size()) continue;  // cleared while it was added
       if (row.record < 0) {
         const Py_ssize_t at = -1 - static_cast<Py_ssize_t>(row.record);
@@ -487,7 +492,7 @@ PyObject *Rows_text(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
         last_op = -1;
         continue;
       }
-      if (static_cast<size_t>(row.record) >= step.records.size()) continue;
+      if (static_cast<size_t>(row.record) >= texts.size()) continue;
       if (row.op == last_op) {  // an op's rows follow one another: copy its prefix
         out.append(out, prefix_at, prefix_len);
       } else {
