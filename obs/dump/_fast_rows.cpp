@@ -10,7 +10,7 @@
 //   - records are shared by memory within a step, as in Python: the same live storage, address,
 //     shape, strides, dtype and version hold the same values (inference tensors have no version: not
 //     shared);
-//   - anything else is handed to `slow(op, io, slot, tensor)` (StatisticRows.add), in order.
+//   - anything else is handed to `slow(op, io, slot, tensor)` (StatisticRows._add), in order.
 // Rows are kept here, not as Python objects (Step), and text(header, whole, dtypes) formats statistic.csv with
 // obs.dump._stats's number formatting; the Python path's rows, appended by `slow` to the caller's list, keep their
 // place among them.  clear() forgets the step's rows and records.
