@@ -119,6 +119,7 @@ struct Shared {
 // One step's rows, kept in C++: a Python tuple, list, floats and shape per row were about 1,000 objects made and freed
 // a step.  text() formats them; clear() forgets them.
 struct Step {
+  uint64_t generation = 0;                          // clear() counts: an op begun before one adds no rows after it
   std::unordered_map<Key, Shared, KeyHash> memory;  // the records shared by memory
   std::vector<OpRef> ops;
   std::vector<Record> records;
@@ -127,6 +128,7 @@ struct Step {
   std::vector<Row> rows;
 
   void clear() {
+    generation++;
     memory.clear();
     std::vector<OpRef> old;
     old.swap(ops);
@@ -236,10 +238,11 @@ int32_t new_record(RowsObject *self, const at::Tensor &t, int code) {
                  self->npicks, values);
   Step &step = *self->step;
   const auto sizes = t.sizes();
-  step.records.push_back(Record{t.scalar_type(), static_cast<uint32_t>(step.values.size()),
-                                static_cast<uint32_t>(step.sizes.size()), static_cast<uint32_t>(sizes.size())});
+  const Record record{t.scalar_type(), static_cast<uint32_t>(step.values.size()),
+                      static_cast<uint32_t>(step.sizes.size()), static_cast<uint32_t>(sizes.size())};
   step.values.insert(step.values.end(), values, values + self->npicks);
   step.sizes.insert(step.sizes.end(), sizes.begin(), sizes.end());
+  step.records.push_back(record);  // last: a record never points past its values and sizes
   return static_cast<int32_t>(step.records.size() - 1);
 }
 
@@ -285,34 +288,53 @@ bool dense(const at::Tensor &t) {
   return true;
 }
 
-// The op whose rows are being added: its index in Step::ops, and the (type, name, µs) tuple the slow path is given,
-// made when first needed unless the caller gave one.
+// A new reference released at the end of its scope (a C++ exception included).
+struct Held {
+  PyObject *object;
+  explicit Held(PyObject *o) : object(o) {}
+  Held(const Held &) = delete;
+  Held &operator=(const Held &) = delete;
+  ~Held() { Py_XDECREF(object); }
+};
+
+// The op whose rows are being added: it is pushed onto the step (its index there), and keeps its own (type, name,
+// µs) for the tuple the slow path is given, made when first needed unless the caller gave one.  Its rows are kept only
+// while the step is the one it began in (a buffer is read with the GIL released: another thread may clear the step).
 struct OpCtx {
-  int32_t index;
-  PyObject *tuple = nullptr;
+  int32_t index = -1;
+  uint64_t generation;
+  PyObject *kind = nullptr, *name = nullptr, *tuple;
+  long long stamp;
   bool owned = false;
-  OpCtx(int32_t i, PyObject *given) : index(i), tuple(given) {}
+  OpCtx(Step &step, PyObject *k, PyObject *n, long long s, PyObject *given)
+      : generation(step.generation), tuple(given), stamp(s) {
+    step.ops.push_back(OpRef{k, n, s});  // may throw: nothing is referenced yet
+    Py_INCREF(k);  // the step's
+    Py_INCREF(n);
+    kind = Py_NewRef(k);
+    name = Py_NewRef(n);
+    index = static_cast<int32_t>(step.ops.size() - 1);
+  }
   OpCtx(const OpCtx &) = delete;
   OpCtx &operator=(const OpCtx &) = delete;
   ~OpCtx() {
     if (owned) Py_XDECREF(tuple);
+    Py_XDECREF(kind);
+    Py_XDECREF(name);
   }
-  PyObject *python(const Step &step) {
+  bool current(const Step &step) const { return step.generation == generation; }
+  PyObject *python() {
     if (tuple == nullptr) {
-      if (static_cast<size_t>(index) >= step.ops.size()) {  // the step was cleared while a buffer was read
-        PyErr_SetString(PyExc_RuntimeError, "statistic rows: the step was cleared while its op was recorded");
-        return nullptr;
-      }
-      const OpRef &op = step.ops[static_cast<size_t>(index)];
-      tuple = Py_BuildValue("(OOL)", op.kind, op.name, op.stamp);
+      tuple = Py_BuildValue("(OOL)", kind, name, stamp);
       owned = tuple != nullptr;
     }
     return tuple;
   }
 };
 
-// One row: here for the tensors this file reads, else through `slow`.  -1 with an exception on failure.
-int add_one(RowsObject *self, OpCtx &op, bool output, Py_ssize_t slot, PyObject *value) {
+// One row: here for the tensors this file reads, else through `slow`, whose row is appended here (so that another
+// thread's cannot land in between).  -1 with an exception on failure.
+int add_held(RowsObject *self, OpCtx &op, bool output, Py_ssize_t slot, PyObject *value) {
   int code = -1;
   const at::Tensor *t = nullptr;
   if (THPVariable_CheckExact(value)) {
@@ -322,22 +344,27 @@ int add_one(RowsObject *self, OpCtx &op, bool output, Py_ssize_t slot, PyObject 
       code = code_of(t->scalar_type());
   }
   if (code < 0) {
-    PyObject *tuple = op.python(*self->step);
+    PyObject *tuple = op.python();
     PyObject *index = tuple == nullptr ? nullptr : PyLong_FromSsize_t(slot);
     if (index == nullptr) return -1;
-    const Py_ssize_t before = PyList_GET_SIZE(self->rows);
     PyObject *args[] = {tuple, output ? g_output : g_input, index, value};
-    PyObject *done = PyObject_Vectorcall(self->slow, args, 4, nullptr);
+    Held row(PyObject_Vectorcall(self->slow, args, 4, nullptr));
     Py_DECREF(index);
-    if (done == nullptr) return -1;
-    Py_DECREF(done);
-    for (Py_ssize_t i = before; i < PyList_GET_SIZE(self->rows); i++)
-      self->step->rows.push_back(Row{op.index, static_cast<int32_t>(slot), static_cast<int32_t>(-1 - i), output});
+    if (row.object == nullptr) return -1;
+    if (row.object == Py_None || !op.current(*self->step)) return 0;
+    if (PyList_Append(self->rows, row.object) < 0) return -1;
+    const Py_ssize_t at = PyList_GET_SIZE(self->rows) - 1;
+    self->step->rows.push_back(Row{op.index, static_cast<int32_t>(slot), static_cast<int32_t>(-1 - at), output});
     return 0;
   }
   const int32_t record = record_of(self, *t, code);
-  self->step->rows.push_back(Row{op.index, static_cast<int32_t>(slot), record, output});
+  if (op.current(*self->step)) self->step->rows.push_back(Row{op.index, static_cast<int32_t>(slot), record, output});
   return 0;
+}
+
+int add_one(RowsObject *self, OpCtx &op, bool output, Py_ssize_t slot, PyObject *value) {
+  Held held(Py_NewRef(value));  // borrowed from a list another thread may change while a buffer is read
+  return add_held(self, op, output, slot, value);
 }
 
 // Whether `value` is a tensor.  The ints, floats, bools and Nones among an op's arguments are told apart by their
@@ -405,10 +432,8 @@ PyObject *Rows_add_values(RowsObject *self, PyObject *const *args, Py_ssize_t na
   }
   const long long stamp = PyLong_AsLongLong(PyTuple_GET_ITEM(op, 2));
   if (stamp == -1 && PyErr_Occurred()) return nullptr;
-  Step &step = *self->step;
-  step.ops.push_back(OpRef{Py_NewRef(PyTuple_GET_ITEM(op, 0)), Py_NewRef(PyTuple_GET_ITEM(op, 1)), stamp});
-  OpCtx ctx(static_cast<int32_t>(step.ops.size() - 1), op);
   try {
+    OpCtx ctx(*self->step, PyTuple_GET_ITEM(op, 0), PyTuple_GET_ITEM(op, 1), stamp, op);
     if (add_all(self, ctx, output == 1, args[2]) < 0) return nullptr;
   } catch (const std::exception &e) {  // an ATen error, or python_error from an isinstance check
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -471,6 +496,7 @@ PyObject *Rows_text(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
   for (Py_ssize_t i = 0; i < self->npicks && i < PyList_GET_SIZE(args[1]); i++)
     if ((whole[i] = PyObject_IsTrue(PyList_GET_ITEM(args[1], i))) < 0) return nullptr;
   const Step &step = *self->step;
+  const uint64_t generation = step.generation;
   try {
     std::string out;
     out.reserve(4096 + 96 * step.rows.size());
@@ -485,14 +511,19 @@ PyObject *Rows_text(RowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
       if (row.record < 0) {
         const Py_ssize_t at = -1 - static_cast<Py_ssize_t>(row.record);
         if (at >= PyList_GET_SIZE(self->rows)) continue;
-        PyObject *line = g_api->row_line(PyList_GET_ITEM(self->rows, at), args[1], args[2]);
-        if (line == nullptr) return nullptr;
-        put_utf8(out, line);
-        Py_DECREF(line);
+        Held python_row(Py_NewRef(PyList_GET_ITEM(self->rows, at)));
+        Held line(g_api->row_line(python_row.object, args[1], args[2]));
+        if (line.object == nullptr) return nullptr;
+        if (step.generation != generation) {  // its formatting ran Python code that cleared the step
+          PyErr_SetString(PyExc_RuntimeError, "statistic rows: the step was cleared while its text was made");
+          return nullptr;
+        }
+        put_utf8(out, line.object);
         last_op = -1;
         continue;
       }
-      if (static_cast<size_t>(row.record) >= texts.size()) continue;
+      if (static_cast<size_t>(row.record) >= texts.size() || static_cast<size_t>(row.record) >= step.records.size())
+        continue;
       if (row.op == last_op) {  // an op's rows follow one another: copy its prefix
         out.append(out, prefix_at, prefix_len);
       } else {
@@ -661,16 +692,13 @@ int record_op(RowsObject *self, PyObject *name, PyObject *kind, PyObject *const 
     Py_DECREF(entry);
     return rc;
   }
+  Held held(entry);
   PyObject *escaped = PyTuple_GET_ITEM(entry, 1);
   if (!PyUnicode_Check(escaped)) {
-    Py_DECREF(entry);
     PyErr_SetString(PyExc_TypeError, "on_op: a name entry's escaped name is a str");
     return -1;
   }
-  Step &step = *self->step;
-  step.ops.push_back(OpRef{Py_NewRef(kind), Py_NewRef(escaped), next_stamp(self)});
-  Py_DECREF(entry);
-  OpCtx op(static_cast<int32_t>(step.ops.size() - 1), nullptr);
+  OpCtx op(*self->step, kind, escaped, next_stamp(self), nullptr);
   if (self->inputs) {  // positional arguments, then keyword arguments' values
     PyObject *kw = args[2], *values;
     if (PyDict_Check(kw) && PyDict_GET_SIZE(kw)) {
@@ -681,8 +709,8 @@ int record_op(RowsObject *self, PyObject *name, PyObject *kind, PyObject *const 
     } else {
       values = Py_NewRef(args[1]);
     }
+    Held held_values(values);  // released if add_all throws too
     rc = values == nullptr ? -1 : add_all(self, op, false, values);
-    Py_XDECREF(values);
   }
   if (rc == 0 && self->outputs) {
     int garbage = 0;  // the name starts with one of `uninitialised`
@@ -696,8 +724,8 @@ int record_op(RowsObject *self, PyObject *name, PyObject *kind, PyObject *const 
       PyObject *items = PyList_Check(output) || PyTuple_Check(output) ? Py_NewRef(output) : PyTuple_Pack(1, output);
       PyObject *wrapped = items == nullptr ? nullptr : PyTuple_Pack(1, items);
       Py_XDECREF(items);
+      Held held_wrapped(wrapped);
       rc = wrapped == nullptr ? -1 : add_all(self, op, true, wrapped);
-      Py_XDECREF(wrapped);
     }
   }
   return rc;

@@ -11,8 +11,8 @@ between the training step's kernels.
 
 Plain CPU tensors are recorded by a C++ recorder (``obs/dump/_fast_rows.cpp``, through
 :mod:`obs.dump.native_rows`) that reads them through ATen and keeps the same rows in C++, without a
-Python object each, and formats them there; it hands every other tensor back to :meth:`StatisticRows._add`
-(which appends to this list) and keeps its place among its rows, so rows stay in order.  The Python
+Python object each, and formats them there; it hands every other tensor back to :meth:`StatisticRows._row`,
+appends the row that makes to this list and keeps its place among its own rows, so rows stay in order.  The Python
 path here is the reference the tests hold it to, and the fallback where it is not built.
 """
 
@@ -89,7 +89,7 @@ class StatisticRows:
             self._dtype_info(dtype)
         picks = native_picks(tuple(categories)) if native else None
         self.native = None if picks is None else native_rows.row_recorder(
-            self._rows, picks[0], picks[1], self._add)
+            self._rows, picks[0], picks[1], self._row)
         self.add_values: Callable[[Op, str, Sequence[Any]], None] = \
             self.native.add_values if self.native is not None else self._add_values
 
@@ -117,7 +117,14 @@ class StatisticRows:
             self._add(op, io, slot, tensor)
 
     def _add(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> None:
-        """:meth:`add` in Python: the C++ recorder's slow path, and the whole recorder where it is not built."""
+        """:meth:`add` in Python, the whole recorder where the C++ one is not built."""
+        row = self._row(op, io, slot, tensor)
+        if row is not None:
+            self._rows.append(row)
+
+    def _row(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> tuple[Op, str, int, list[Any]] | None:
+        """The row of ``tensor`` (its record shared within the step), None without one.  The C++ recorder's slow path:
+        it appends the row itself, so that another thread's rows cannot land in between."""
         try:
             version = tensor._version
         except RuntimeError:  # an inference tensor has no version counter: not shared
@@ -127,8 +134,7 @@ class StatisticRows:
             record = seen[2]
         else:
             record = self._record(tensor, version)
-        if record is not None:
-            self._rows.append((op, io, slot, record))
+        return None if record is None else (op, io, slot, record)
 
     def _record(self, tensor: torch.Tensor, version: int | None) -> list[Any] | None:
         dtype = tensor.dtype

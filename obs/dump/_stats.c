@@ -35,7 +35,8 @@
 #define BLOCK (16 * LANES) /* elements per block: 16 per lane */
 #endif
 
-/* LAST_FIRST: every pass reads its blocks from the buffer's end to its start.  The buffer is usually an output
+/* LAST_FIRST: the one-pass kernels and the NaN check's gate read their blocks from the buffer's end to its start (the
+ * exact and zero-count passes, which run only when the gate fails or when asked, read front to back).  The buffer is usually an output
  * an op has just written front to back: its end is still in L2, its start already in L3.  Read front to back, each
  * line would evict one the rest of the pass still needs; read back to front, the pass starts in L2 and ends by
  * leaving the buffer's start in L2 for the next op, which reads front to back (measured on a conv's 2 MiB output:
@@ -628,9 +629,10 @@ static int value_text(const ObsValue *v, int whole, char *out) {
     if (v->kind == OBS_NONE) return put_literal(out, "null");
     if (v->kind == OBS_INT) return int_text(v->i, out);
     const double d = v->d;
-    if (whole && isfinite(d) && d == floor(d)) { /* 3, not 3.0; str(int(d)) is exact, as %.0f is */
+    if (whole && isfinite(d) && d == floor(d)) { /* 3, not 3.0; str(int(d)) is exact, as %.0f is (<= 310 bytes) */
         if (fabs(d) < 9e18) return int_text((long long)d, out);
-        return snprintf(out, OBS_STATS_TEXT_MAX, "%.0f", d);
+        int n = snprintf(out, OBS_STATS_TEXT_MAX, "%.0f", d);
+        return n < 0 ? 0 : n < OBS_STATS_TEXT_MAX ? n : OBS_STATS_TEXT_MAX - 1;
     }
     if (isfinite(d) && d != 0.0) return repr_text(d, out);
     if (d == 0.0) return put_literal(out, signbit(d) ? "-0.0" : "0.0");

@@ -10,7 +10,7 @@
 enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I64 = 4, I32 = 5, I16 = 6, I8 = 7, U8 = 8 };
 
 #define OBS_STATS_MAX_PICKS 32 /* statistics per record, at most */
-#define OBS_STATS_TEXT_MAX 48  /* bytes for the text of one statistic (the longest is 24) */
+#define OBS_STATS_TEXT_MAX 352 /* bytes for the text of one statistic: 24 but for an integral float as an integer */
 
 /* One statistic: None (max, min, avg without a finite element), a float or an int. */
 enum { OBS_NONE = 0, OBS_FLOAT = 1, OBS_INT = 2 };

@@ -3,6 +3,9 @@ dtypes, layouts it hands back to Python, shared memory, in-place writes, slots a
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import pytest
 import torch
 
@@ -140,6 +143,35 @@ def test_rows_kept_in_cpp_count_place_and_interleave_with_python_rows():
     assert len(fast) == 0 and fast.text() == fast.header + "\n"
 
 
+def test_threads_adding_rows_at_once_keep_each_row_once(monkeypatch):
+    """Tensors handed to Python from several threads: each thread appends its own row, while a large buffer is read
+    with the GIL released and another thread's Python code runs (once, every line was claimed by two threads)."""
+    monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)
+    sys.setswitchinterval(1e-6)
+    try:
+        rows, threads_n, calls = StatisticRows(("max", "min")), 4, 40
+        tagged = [torch.randn(50_000).as_subclass(Tagged) for _ in range(threads_n)]
+        plain = [torch.randn(300_000) for _ in range(threads_n)]  # read with the GIL released
+
+        def work(k):
+            for i in range(calls):
+                rows.add_values(("Op", f"T{k}_Op-op{i}", 1_700_000_000_000_000 + i), "input", (tagged[k], plain[k]))
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(threads_n)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(0.005)
+    lines = rows.text().splitlines()[1:]
+    assert len(rows) == len(lines) == 2 * threads_n * calls and len(rows._rows) == threads_n * calls
+    assert len(set(lines)) == len(lines)
+    for k in range(threads_n):  # each op's two rows, the Python one first, under its own name
+        mine = [line.split(",") for line in lines if line.split(",")[1].startswith(f"T{k}_")]
+        assert [(f[1], f[6]) for f in mine] == [(f"T{k}_Op-op{i}", slot) for i in range(calls) for slot in "01"]
+
+
 def test_the_native_recorder_refuses_a_malformed_op_or_io():
     rows = StatisticRows(("max",))
     for op, io in [(("Op", "x"), "input"), ((1, "x", 1), "input"), (("Op", "x", "soon"), "input"),
@@ -254,9 +286,9 @@ def test_without_a_compiler_the_dump_says_why_once_and_records_in_python(tmp_pat
 
 def test_dense_permutations_are_read_here_in_memory_order_as_python_reads_them(monkeypatch):
     handed_back = []
-    real_add = StatisticRows._add  # the Python recorder, and the C++ one's slow path
-    monkeypatch.setattr(StatisticRows, "_add", lambda self, op, io, slot, t: handed_back.append(tuple(t.shape))
-                        or real_add(self, op, io, slot, t))
+    real_row = StatisticRows._row  # the Python recorder's, and the C++ one's slow path
+    monkeypatch.setattr(StatisticRows, "_row", lambda self, op, io, slot, t: handed_back.append(tuple(t.shape))
+                        or real_row(self, op, io, slot, t))
     fast, slow = pair(ALL)
     torch.manual_seed(0)
     dense = [torch.randn(6, 5).t(), torch.randn(2, 3, 4).permute(2, 0, 1),

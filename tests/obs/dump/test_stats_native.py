@@ -267,6 +267,19 @@ def test_the_c_formatter_writes_statistic_csv_as_the_python_one(categories):
     assert lines[3].startswith("Add,Default_net-Net_Add-op1,0,0,1700000000000001,input,0,32,int64,\"(2,2)\"")
 
 
+def test_huge_whole_numbers_print_every_digit_as_python_does():
+    """An integral max or min of an integer tensor prints as an integer, however long (the values a Python row may
+    hold: up to 310 digits)."""
+    from obs.dump._rows import StatisticRows
+
+    rows = StatisticRows(("max", "min", "avg"), native=False)
+    values = [1e47, -1e300, 2.0**63, -(2.0**63), 1.7976931348623157e308]
+    rows._rows = [(("Op", f"Default/Op-op{i}", 1), "output", 0, [[v, -v, v], torch.int64, (), None])
+                  for i, v in enumerate(values)]
+    text = rows.text()
+    assert text == rows.python_text() and str(int(1e47)) in text and "\x00" not in text
+
+
 def test_the_c_formatter_writes_every_double_as_repr_does():
     """statistic.csv's floats come from Ryu's shortest digits, laid out as repr(): the notation's edges, subnormals,
     extremes, whole numbers, and random bit patterns, float32 values and magnitudes."""
