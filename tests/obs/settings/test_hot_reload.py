@@ -93,10 +93,12 @@ def test_invalid_edit_keeps_last_good_settings_and_warns_once(config, caplog):
     watcher = feature.watcher
     done = watcher.callbacks
     caplog.set_level(logging.WARNING, logger="obs")
-    for _ in range(2):
-        path.write_text('{"rdr": {"mode": 7}}')
-        done += 1
-        assert watcher.wait_callbacks(done, TIMEOUT)
+    with pytest.warns(obs.ObsConfigWarning, match="keeping the settings in force") as warned:
+        for _ in range(2):
+            path.write_text('{"rdr": {"mode": 7}}')
+            done += 1
+            assert watcher.wait_callbacks(done, TIMEOUT)
+    assert len(warned) == 1
     assert {k: obs.env_config()["rdr"][k] for k in ("enable", "mode", "path")} == {"enable": False, "mode": 1,
                                                                                    "path": ""}
     assert "'rdr.mode' must be one of [1, 2]" in feature.last_error
