@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import pytest
@@ -9,6 +10,14 @@ import pytest
 import obs
 from obs._core.internal import set_raise_internal_errors
 from obs.runtime.steps import tracker
+
+
+def pytest_configure(config):
+    # A suite started in the background by a shell without job control (`(cmd &)` in a script) inherits SIGINT
+    # ignored, and an ignored signal stays ignored across exec: the signal tests' children, and their "as
+    # without obs" baselines, would never see it. Give the suite the handler an interactive start has.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
