@@ -12,7 +12,7 @@ from obs._core.internal import set_raise_internal_errors
 from obs.runtime.steps import tracker
 
 
-def pytest_configure(config):
+def pytest_configure():
     # A suite started in the background by a shell without job control (`(cmd &)` in a script) inherits SIGINT
     # ignored, and an ignored signal stays ignored across exec: the signal tests' children, and their "as
     # without obs" baselines, would never see it. Give the suite the handler an interactive start has.
