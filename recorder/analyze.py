@@ -11,6 +11,8 @@ Pure: a folder of ``rank_{r}/rdr`` trees in, an :class:`Analysis` out (the CLI r
   smaller side is the culprit; a tie names both).  A rank whose bundle is a snapshot it went on
   after (a hang or manual dump) is not counted missing from collectives begun after it.
 * Stragglers: ranks behind the furthest rank in step or in the world group's sequence.
+* Ranks that died without dumping (their rings recovered by ``obs rdr recover``: SIGKILL, the OOM killer): the
+  first cause when the records agree, as when the launcher stopped the others before they waited on the dead one.
 * Ranks that raised, and whether in their own code (a first cause) or inside a collective that
   failed because a peer was gone (a consequence); the first NaN/Inf fault, where the NaN check
   recorded one.
@@ -112,6 +114,7 @@ class Analysis:
     mismatches: list[Mismatch] = field(default_factory=list)
     stragglers: list[Straggler] = field(default_factory=list)
     raised: list[int] = field(default_factory=list)
+    died: list[int] = field(default_factory=list)  #: ranks whose bundle was recovered: they died without dumping
     nan: dict[str, Any] | None = None
     stuck: CollectiveRecord | None = None  #: every rank waits in this collective (no rank to blame)
     culprits: list[int] = field(default_factory=list)
@@ -122,7 +125,7 @@ class Analysis:
     @property
     def consistent(self) -> bool:
         return not (self.culprits or self.mismatches or self.stuck or self.no_bundle or self.raised
-                    or self.nan or self.problems)
+                    or self.died or self.nan or self.problems)
 
 
 def analyze(root: str) -> Analysis:
@@ -173,6 +176,7 @@ def analyze(root: str) -> Analysis:
     out.mismatches = _mismatches(timelines, world, taken, {s.rank: s.step for s in ranks if s.bundle})
     out.stragglers = _stragglers(ranks, timelines)
     out.raised = [s.rank for s in ranks if s.exception]
+    out.died = [s.rank for s in ranks if s.recovered]
     out.nan = min(faults, key=lambda f: (f["step"], f["t"])) if faults else None
     if not out.mismatches:
         out.stuck = _stuck(timelines)
@@ -363,6 +367,14 @@ def _verdict(out: Analysis) -> None:
     elif out.nan is not None:
         out.culprits = [out.nan["rank"]]
         out.verdict = f"rank {out.nan['rank']} saw the first NaN/Inf at step {out.nan['step']} ({out.nan['detail']})"
+    elif out.died:  # no peer waited on it yet: the launcher stopped them first (or they had finished)
+        out.culprits = list(out.died)
+        dead = [s for s in out.ranks if s.recovered]
+        steps = sorted({s.step for s in dead if s.step is not None})
+        how = "a fatal signal" if all(s.reason == "fatal_signal" for s in dead) else "SIGKILL, OOM kill?"
+        out.verdict = (f"rank(s) {_ranks(out.died)} died without dumping ({how})"
+                       f"{' at step ' + _ranks(steps) if steps else ''}; the collectives on record agree (no rank "
+                       "waited on it yet)")
     elif out.no_bundle:
         out.culprits = list(out.no_bundle)
         out.verdict = f"rank(s) {_ranks(out.no_bundle)} left no bundle"

@@ -9,12 +9,14 @@ clean: also a subgroup {0, last} passed by position, an async all_reduce, a send
 skip: the last rank skips step 3's loss all_reduce (it goes on to the broadcast).
 size: rank 1 all_reduces its loss as 2 numbers at step 3.
 raises: rank 1 raises in its data loading at step 3.
-kill: rank 1 SIGKILLs itself at step 3.
+kill: rank 1 SIGKILLs itself at step 3, once rank 0 waits in step 3's first collective.
 nan: rank 1's batch at step 3 is NaN (the NaN check finds it there; the all_reduce spreads it to rank 0).
 ddp: the net is a DistributedDataParallel (its bucket all_reduces), no explicit gradient reduction.
 ddp_stall: ddp, and rank 1 stalls 5 s in its data loading at step 3 (rank 0 waits in the bucket all_reduce).
-ddp_kill: ddp, and rank 1 SIGKILLs itself at step 3 (its ring holds no bucket all_reduce: they are read from the
-    Flight Recorder when a live process dumps).
+ddp_kill: ddp, and rank 1 SIGKILLs itself at step 3 as in kill (its ring holds no bucket all_reduce: they are read
+    from the Flight Recorder when a live process dumps).
+ddp_kill_first: ddp, and rank 1 SIGKILLs itself at step 3 while rank 0 is still in its data loading (torchrun
+    stops rank 0 before it waits on rank 1: no collective disagrees).
 ddp_hang: ddp, and rank 1 stalls 12 s there: rank 0's bucket all_reduce times out (gloo, 6 s) in its backward.
 """
 
@@ -24,6 +26,7 @@ import datetime
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -36,11 +39,18 @@ config, pids, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
 def load_batch(rank, step):
     if step == 3 and rank == 1 and scenario == "raises":
         raise RuntimeError("rank 1 lost its data loader at step 3")
-    if step == 3 and rank == 1 and scenario in ("kill", "ddp_kill"):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if step == 3 and scenario in ("kill", "ddp_kill", "ddp_kill_first"):
+        here = os.path.join(os.path.dirname(pids), "rank0_at_step3")
+        if rank == 0:
+            open(here, "w").close()
+            if scenario == "ddp_kill_first":
+                time.sleep(60)  # torchrun stops it once it sees rank 1 gone
+        elif rank == 1:
+            while not os.path.exists(here):
+                time.sleep(0.01)
+            time.sleep(0.5)  # rank 0 waits in its first collective of step 3 before rank 1 dies
+            os.kill(os.getpid(), signal.SIGKILL)
     if step == 3 and rank == 1 and scenario in ("ddp_stall", "ddp_hang"):
-        import time
-
         time.sleep(5 if scenario == "ddp_stall" else 12)
     if step == 3 and rank == 1 and scenario == "nan":
         return torch.full((2, 4), float("nan"))

@@ -17,7 +17,7 @@ from recorder.ring import RingWriter
 from recorder.ring_reader import read_ring
 
 
-def write_rank(root, rank, world, collectives, *, reason="hang", steps=1):
+def write_rank(root, rank, world, collectives, *, reason="hang", steps=1, recovered=False):
     """A bundle of ``rank`` whose ring holds ``collectives``: (group seq, record fields, final state)."""
     rdr = os.path.join(root, f"rank_{rank}", "rdr")
     os.makedirs(rdr, 0o700, exist_ok=True)
@@ -31,7 +31,7 @@ def write_rank(root, rank, world, collectives, *, reason="hang", steps=1):
         coll(Kind.COLLECTIVE, 0, desc, seq, 0, COLLECTIVE_STATES.index("started"))
         if state != "started":
             coll(Kind.COLLECTIVE, int(state == "failed"), desc, seq, 10, COLLECTIVE_STATES.index(state))
-    manifest, files = bundle_parts(read_ring(ring.buffer()), reason)
+    manifest, files = bundle_parts(read_ring(ring.buffer()), reason, recovered=recovered)
     ring.close(remove=True)
     return write_bundle(rdr, f"b_{rank}_{reason}", manifest, files, fsync=False)
 
@@ -93,3 +93,15 @@ def test_a_rank_without_a_bundle_is_explained_by_its_marker(tmp_path):
     result = analyze(str(tmp_path))
     assert result.no_bundle == [1] and result.culprits == [1]
     assert "No space left on device" in result.ranks[1].note
+
+
+def test_a_rank_that_died_without_dumping_is_named_where_the_collectives_agree(tmp_path, capsys):
+    write_rank(tmp_path, 1, 2, all_reduces(3), reason="recovered", steps=3, recovered=True)
+    write_rank(tmp_path, 0, 2, all_reduces(3), reason="SIGTERM", steps=3)  # stopped before it waited on rank 1
+    result = analyze(str(tmp_path))
+    assert not result.mismatches and result.died == [1] and result.culprits == [1] and not result.consistent
+    assert result.verdict.startswith("rank(s) 1 died without dumping (SIGKILL, OOM kill?) at step 3")
+    write_rank(tmp_path, 1, 2, all_reduces(3), reason="fatal_signal", steps=3, recovered=True)
+    assert "(a fatal signal)" in analyze(str(tmp_path)).verdict
+    assert main(["rdr", "analyze", str(tmp_path), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["died"] == [1]

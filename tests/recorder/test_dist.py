@@ -181,6 +181,20 @@ def test_a_killed_ddp_rank_is_named_at_the_bucket_it_never_reached_after_recover
     assert first.sides == {"all_reduce float32 [[49]]": [0], "never reached it": [1]}
 
 
+def test_a_ddp_rank_killed_before_any_peer_waited_on_it_is_named_after_recover(tmp_path, capsys):
+    code, out = torchrun(tmp_path, 2, "ddp_kill_first")  # torchrun stops rank 0 in its data loading at step 3
+    assert code != 0
+    root = str(tmp_path / "rdr")
+    assert main(["rdr", "recover", root]) == 0
+    capsys.readouterr()
+    result = analyze(root)
+    assert not result.mismatches and result.died == [1] and result.culprits == [1], result.verdict
+    assert (result.ranks[0].reason, result.ranks[0].step, result.ranks[0].last_collective.seq) == ("SIGTERM", 3, 11)
+    assert result.verdict.startswith("rank(s) 1 died without dumping (SIGKILL, OOM kill?) at step 3")
+    code, text = cli(capsys, root)
+    assert code == 1 and "culprit rank(s): 1" in text
+
+
 def test_ranks_spawned_by_torch_multiprocessing_record_in_their_rank_folders_under_one_run_id(tmp_path):
     code, out = torchrun(tmp_path, None, "spawn", mode=2)
     assert code == 0, out
