@@ -22,11 +22,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from exporters.spans import Span
+from obs._core.version import __version__
 
 __all__ = ["OtlpSender", "endpoint_from_env", "protocol_from_env", "readable_spans", "request_json", "resource",
            "traces_url"]
 
-_SCOPE = ("obs", "0.1.0")
+_SCOPE = ("obs", __version__)
 
 
 def endpoint_from_env(environ: Mapping[str, str] = os.environ) -> str:

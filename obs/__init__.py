@@ -1,43 +1,45 @@
 """obs: an observability and debugging runtime for PyTorch training, in MindSpore's ``set_context`` style.
 
-``import obs`` is light: torch, opentelemetry and rich are imported only by the features and
-commands that need them.
+This module is the wiring (docs/architecture.md): it re-exports the public API and installs the
+features' appliers.  ``import obs`` is light: torch, opentelemetry and rich are imported only by the
+features and commands that need them, and nothing starts unless the environment asks for it
+(``MS_RDR_ENABLE``, ``MS_DEV_SAVE_GRAPHS``, as in the originals).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from obs import device_context, dump, graphs, ops, profiling, rdr
 from obs._core.errors import DeviceUnavailableError, ObsConfigError, ObsError
 from obs._core.events import Event, EventBus, HookValidationError, Subscription, bus
 from obs._core.internal import internal_error_counts
-from obs.printing import Print
-from obs.dump.feature import feature as _dump_feature
-from obs.graphs import dump_graph
-from obs.printing import feature as _print_feature
-from obs.runtime import _activation
-from obs.runtime._torch_settings import TorchSettings
+from obs._core.version import __version__
+from obs.features import device_context, dump, graphs, ops, rdr
+from obs.features import device as _device
+from obs.features import env_config as _env_config
+from obs.features import printing as _printing
+from obs.features import profiler as profiling
+from obs.features.dump import feature as _dump
+from obs.features.env_config import ObsConfigWarning, env_config
+from obs.features.graphs import dump_graph
+from obs.features.printing import Print
+from obs.runtime import loader as _loader
 from obs.runtime.steps import step, steps
-from obs.settings import _env_feature
 from obs.settings._context import get_context, register_applier, reset_context, set_context
-from obs.settings._env_feature import ObsConfigWarning, env_config
 from obs.settings.context_options import COMPATIBLE, DEBUG, GRAPH_MODE, LAX, PYNATIVE_MODE, RELEASE, STRICT
 from obs.settings.parallel import (ParallelMode, get_auto_parallel_context, get_ps_context, rank,
                                    reset_auto_parallel_context, reset_ps_context, set_auto_parallel_context,
                                    set_ps_context, world_size)
 from printsink.reader import parse_print
 
-__version__ = "0.1.0"
-
 __all__ = [
-    "COMPATIBLE", "DEBUG", "DeviceUnavailableError", "Event", "EventBus", "GRAPH_MODE", "HookValidationError", "LAX",
-    "ObsConfigError", "ObsConfigWarning", "ObsError", "PYNATIVE_MODE", "Print", "ParallelMode", "RELEASE", "STRICT",
-    "Subscription", "__version__", "bus", "compile", "device", "device_context", "dump", "dump_graph", "env_config",
-    "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "ops", "parse_print",
-    "graphs", "rank", "rdr",
-    "reset_auto_parallel_context", "reset_context", "reset_ps_context", "set_auto_parallel_context",
-    "set_context", "set_ps_context", "step", "steps", "subscribe", "world_size",
+    "COMPATIBLE", "DEBUG", "GRAPH_MODE", "LAX", "PYNATIVE_MODE", "RELEASE", "STRICT", "DeviceUnavailableError",
+    "Event", "EventBus", "HookValidationError", "ObsConfigError", "ObsConfigWarning", "ObsError", "ParallelMode",
+    "Print", "Subscription", "__version__", "bus", "compile", "device", "device_context", "dump", "dump_graph",
+    "env_config", "get_auto_parallel_context", "get_context", "get_ps_context", "graphs", "internal_error_counts",
+    "ops", "parse_print", "profiling", "rank", "rdr", "reset_auto_parallel_context", "reset_context",
+    "reset_ps_context", "set_auto_parallel_context", "set_context", "set_ps_context", "step", "steps", "subscribe",
+    "world_size",
 ]
 
 
@@ -67,15 +69,19 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-register_applier(_env_feature.feature)
-register_applier(TorchSettings())
-register_applier(_print_feature)
-register_applier(rdr.feature)
-register_applier(profiling.feature)
-register_applier(_dump_feature)
-register_applier(graphs.feature)
-_activation.install()
-rdr.start_from_environment()
-graphs.feature.from_environment()
+#: Every feature's applier, in the order a settings change reaches them.
+FEATURES = (_env_config.feature, _device.feature, _printing.feature, rdr.feature, profiling.feature, _dump.feature,
+            graphs.feature)
+
+
+def _install() -> None:
+    for feature in FEATURES:
+        register_applier(feature)
+    _loader.install()  # the PyTorch adapter loads when a subscriber or a demand needs it
+    rdr.start_from_environment()
+    graphs.feature.from_environment()
+
+
+_install()
 
 del annotations, TYPE_CHECKING  # the public namespace holds obs's names only

@@ -8,24 +8,12 @@ module call or per aten op.  ``state.step`` is the step the Python module handle
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from recorder.layout import Kind
 from recorder.ring import RingWriter
 
-__all__ = ["describe_args", "hotpath", "module_handlers", "op_handler", "unsubscribe"]
-
-
-def hotpath() -> Any:
-    """The C hot path, unless it is not built or ``OBS_RDR_PURE_PYTHON=1`` asks for the Python one."""
-    if os.environ.get("OBS_RDR_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from recorder import _hotpath as module
-    except ImportError:
-        return None
-    return module
+__all__ = ["describe_args", "module_handlers", "op_handler", "unsubscribe"]
 
 
 def _slot_args(ring: RingWriter, name: str) -> tuple[Any, ...]:

@@ -30,7 +30,8 @@ from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
 from recorder.graphs import remove_graphs, write_graph
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
-from recorder.handlers import hotpath, module_handlers, op_handler, unsubscribe
+from recorder.handlers import module_handlers, op_handler, unsubscribe
+from recorder.hotpath import hotpath
 from recorder.layout import DEFAULT_CAPACITY, Kind
 from recorder.ring import RingWriter
 from recorder.ring_reader import RingContents, read_ring

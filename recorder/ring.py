@@ -38,13 +38,13 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from obs._core import safe_files
+from recorder.hotpath import hotpath
 from recorder.layout import BLOB, BLOB_SIZE, SLOT, STRINGS_USED_AT, Header, Kind, check_capacity, plan
 
 __all__ = ["RingWriter", "SlotTarget"]
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-_FLAG_ERROR = 1
 
 
 class SlotTarget(NamedTuple):
@@ -109,8 +109,6 @@ class RingWriter:
         self._strings_at = strings.offset
         self._strings_end = strings.offset + strings.capacity
         self._strings_lock = threading.Lock()
-        from recorder.handlers import hotpath
-
         hot = hotpath()
         # With the C hot path, counters and the string table are C objects that the native op
         # observer (recorder/native_ops.py) also appends through, without the GIL.

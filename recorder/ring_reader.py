@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from obs._core import safe_files
-from obs._core.errors import DamagedFileError, NotOurFileError
+from obs._core.errors import NotOurFileError
 from recorder.collective_desc import COLLECTIVE_STATES
-from recorder.layout import BLOB, BLOB_SIZE, HEADER_SIZE, MAGIC, SLOT, Header, Kind
+from recorder.layout import BLOB, BLOB_SIZE, HEADER_SIZE, SLOT, Header, Kind
 
 __all__ = ["RingContents", "read_header_file", "read_ring", "read_ring_file"]
 

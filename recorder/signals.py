@@ -35,7 +35,9 @@ import threading
 import time
 from typing import Any, Protocol
 
+from obs._core import native
 from obs._core.internal import report_internal_error
+from recorder.hotpath import HOTPATH
 
 __all__ = ["DUMP_BUDGET_S", "GRACE_S", "SIGNALS", "SignalRelay", "SignalTarget", "install_relay", "relay",
            "uninstall_relay"]
@@ -67,18 +69,17 @@ class SignalTarget(Protocol):
 
 
 def _native() -> Any:
-    if os.environ.get("OBS_RDR_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from recorder import _hotpath
-    except ImportError:
+    hot = HOTPATH.load()
+    if hot is None:
+        if native.switched_off(HOTPATH.part):
+            return None
         logger.warning("obs: the recorder's C extension (recorder._hotpath) is not built: SIGTERM/SIGINT are "
                        "handled only when the main thread runs Python, so a rank blocked in a collective or "
                        "another C call is not dumped on a signal (its ring is left for obs rdr recover); "
                        "reinstall obs with a C compiler to get it")
         return None
     # An extension built before the signal functions existed (a stale build) counts as missing.
-    return _hotpath if hasattr(_hotpath, "hook_signal") and hasattr(_hotpath, "die") else None
+    return hot if hasattr(hot, "hook_signal") and hasattr(hot, "die") else None
 
 
 class SignalRelay:

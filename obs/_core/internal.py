@@ -17,7 +17,6 @@ __all__ = [
     "report_internal_error",
     "set_raise_internal_errors",
     "suppressed",
-    "is_suppressed",
     "SUPPRESSION",
 ]
 
@@ -63,11 +62,6 @@ class ThreadState(threading.local):
 
 #: Hot-path hooks read ``SUPPRESSION.depth`` / ``SUPPRESSION.stack`` directly (no getattr defaults).
 SUPPRESSION = ThreadState()
-
-
-def is_suppressed() -> bool:
-    """True while obs does its own tensor work on this thread (hooks must ignore it)."""
-    return SUPPRESSION.depth > 0
 
 
 class _Suppressed:

@@ -11,9 +11,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "main"]
+from obs.cli._exit import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "main"]
 
 
 def _parse_set(text: str) -> tuple[str, Any]:
@@ -39,7 +39,7 @@ def _settings_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="obs", description="Observability and debugging runtime for PyTorch "
                                      "training.")
-    from obs import __version__
+    from obs._core.version import __version__
 
     parser.add_argument("--version", action="version", version=f"obs {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of obs's own errors "
@@ -165,6 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance (default 1e-8)")
     d.add_argument("--iteration", type=int, help="only this iteration")
     d.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+
+    p = sub.add_parser("native", help="obs's native extensions: which are in use, and why not; build them ahead "
+                       "of time", description="Every native part has a Python path that does the same work. "
+                       "OBS_NATIVE=0 asks for the Python path of every part, OBS_NATIVE_<PART>=0 for one. "
+                       "Exit 1 when a part could not be built or loaded.")
+    nsub = p.add_subparsers(dest="native_command", metavar="ACTION")
+    nsub.required = True
+    n = nsub.add_parser("status", help="each extension: its part, whether it is in use, and why not")
+    n.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    n = nsub.add_parser("build", help="build the C++ extensions for the installed torch now (CI, images), "
+                        "instead of at first use")
+    n.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
     p = sub.add_parser("run", help="run a Python script with obs settings applied (like python -m cProfile)")
     p.set_defaults(usage_error=p.error)
@@ -293,6 +305,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.graph_command == "diff":
             return graph_view.run_diff(args.a, args.b, as_json=args.json)
         return graph_view.run_render(args.file, output=args.output, fmt=args.format)
+    if args.command == "native":
+        from obs.cli._native_view import run_native
+
+        return run_native(build=args.native_command == "build", as_json=args.json)
     if args.command == "run":
         from obs.cli._run import run_script
 

@@ -38,7 +38,7 @@ def describe(cfg: EnvConfig) -> list[str]:
         lines.append(f"NaN/Inf check ON at {cfg.values['nan_check']['granularity']} granularity "
                      f"(then {cfg.values['nan_check']['action']})")
     if cfg.values.get("dump", {}).get("common_dump_settings"):
-        from obs.dump.config import describe_dump, parse_dump_config
+        from obs.settings.dump_config import describe_dump, parse_dump_config
 
         lines += describe_dump(parse_dump_config(cfg.values["dump"]))
     return lines
@@ -50,7 +50,7 @@ def run_check(path: str, *, as_json: bool) -> int:
         raise FileNotFoundError(errno.ENOENT, f"env config file {path!r} does not exist")
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, f"env config file {path!r} is a folder, not a JSON file")
-    from obs.dump.config import is_dump_config
+    from obs.settings.dump_config import is_dump_config
 
     if is_dump_config(path):  # MINDSPORE_DUMP_CONFIG's format
         from obs.cli._dump_view import run_config_check

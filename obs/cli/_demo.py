@@ -131,7 +131,7 @@ def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[
     import obs
 
     if print_file:
-        from obs.printing import feature
+        from obs.features.printing import feature
 
         written = feature.path or print_file
         produced.append(f"{written} (Print records)")
@@ -151,7 +151,7 @@ def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[
 
 
 def _point_to_graphs(produced: list[str], next_commands: list[str]) -> None:
-    from obs.graphs import feature
+    from obs.features.graphs import feature
 
     if feature.level == 0:
         next_commands.append("obs demo --set save_graphs=2   # graph/IR dumps: .ir files, verbose copies")
@@ -209,7 +209,9 @@ def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, An
     atexit.register(say_what_obs_wrote)
     from obs import profiling
 
-    profiling.feature.summary_at_exit = True  # the profile's summary at the end, when profiling is on
+    from obs.cli._trace_view import print_exit_summary
+
+    profiling.feature.exit_listeners.append(print_exit_summary)  # the profile's summary at the end, when on
     apply_settings(config, sets)
     start = time.perf_counter()
     try:

@@ -16,9 +16,9 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from obs.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from obs.cli._exit import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from obs.cli._render import console, err_console, error, markup_text, print_json, print_json_lines
-from obs.dump.reader import DumpReader, StatRow
+from obs.features.dump.reader import DumpReader, StatRow
 
 __all__ = ["run_diff", "run_ls", "run_stats"]
 
@@ -139,7 +139,7 @@ def run_stats(path: str, *, op: str | None, iteration: int | None, io: str | Non
 
 # -- diff ----------------------------------------------------------------------------------------
 def run_diff(a: str, b: str, *, rtol: float, atol: float, iteration: int | None, as_json: bool) -> int:
-    from obs.dump.diff import diff_dumps
+    from obs.features.dump.diff import diff_dumps
 
     ra, rb = DumpReader(a), DumpReader(b)
     total = len(ra.steps())
@@ -186,7 +186,7 @@ def run_diff(a: str, b: str, *, rtol: float, atol: float, iteration: int | None,
 # -- config check --------------------------------------------------------------------------------
 def run_config_check(path: str, *, as_json: bool) -> int:
     """``obs config check`` of a dump config file: exit 0 valid, 1 with every problem listed."""
-    from obs.dump.config import DumpConfigError, describe_dump, load_dump_config
+    from obs.settings.dump_config import DumpConfigError, describe_dump, load_dump_config
 
     try:
         cfg = load_dump_config(path)

@@ -14,10 +14,10 @@ import subprocess
 from rich.table import Table
 from rich.tree import Tree
 
-from obs.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from obs.cli._exit import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from obs.cli._render import console, error, markup_text, print_json, say_written, warning
-from obs.graphs.reader import read_ir
-from obs.graphs.summary import diff_graphs, list_graphs, summarize
+from obs.features.graphs.reader import read_ir
+from obs.features.graphs.summary import diff_graphs, list_graphs, summarize
 
 __all__ = ["run_diff", "run_ls", "run_render", "run_show"]
 
@@ -144,7 +144,7 @@ def run_diff(a: str, b: str, *, as_json: bool) -> int:
 
 def run_render(path: str, *, output: str | None, fmt: str) -> int:
     from obs._core import safe_files
-    from obs.graphs.dot import dot_text
+    from obs.features.graphs.dot import dot_text
 
     if path.endswith(".ir"):
         dot = dot_text(read_ir(path))

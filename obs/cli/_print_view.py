@@ -26,7 +26,7 @@ from printsink.dtypes import NAME_OF_NUMPY
 from printsink.reader import PrintCall, PrintFileError, PrintFileWarning, TruncatedPrintFile, follow_print, iter_print
 from printsink.screen import format_array
 
-__all__ = ["call_json_text", "call_to_json", "run_print"]
+__all__ = ["call_json_text", "run_print"]
 
 _PROGRESS_MIN_BYTES = 16 << 20
 _SLICE = 1 << 16  # elements converted to JSON at a time
@@ -113,11 +113,6 @@ def call_json_text(call: PrintCall) -> Iterator[str]:
             yield ", "
         yield from _value_text(value)
     yield "]}\n"
-
-
-def call_to_json(call: PrintCall) -> dict[str, Any]:
-    """One call as a JSON-able dict (non-finite floats as "nan"/"inf"/"-inf", complex as [re, im])."""
-    return json.loads("".join(call_json_text(call)))
 
 
 def _header(call: PrintCall) -> Text:

@@ -21,7 +21,7 @@ def apply_settings(config: str | None, sets: list[tuple[str, Any]]) -> None:
         kwargs["env_config_path"] = config
     if kwargs:
         obs.set_context(**kwargs)
-    from obs.dump.feature import feature as dump_feature
+    from obs.features.dump.feature import feature as dump_feature
 
     dump_feature.start_from_environment()  # MINDSPORE_DUMP_CONFIG / OBS_DUMP_CONFIG, as at a first set_context
 
@@ -46,7 +46,9 @@ def run_script(script: str, args: list[str], *, config: str | None, sets: list[t
     atexit.register(say_what_obs_wrote)
     from obs import profiling
 
-    profiling.feature.summary_at_exit = True  # the profile's summary at the end, when profiling is on
+    from obs.cli._trace_view import print_exit_summary
+
+    profiling.feature.exit_listeners.append(print_exit_summary)  # the profile's summary at the end, when on
     apply_settings(config, sets)
     sys.argv = [script, *args]
     path = os.path.abspath(script)  # as `python script.py` sets __file__

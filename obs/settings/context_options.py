@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from obs.profiling_options import ProfilingOptions
+from obs.settings.profiler_options import ProfilingOptions
 from obs.settings._table import Option, OptionTable
 from obs.settings._validators import (Bool, Choice, Dict, ExistingFile, Int, Mapped, SaveGraphsLevel, Size, Str,
                                       Validator, fail, type_fail)

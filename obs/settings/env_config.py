@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
-from obs.dump.config import JsonObject, check_dump_section
+from obs.settings.dump_config import JsonObject, check_dump_section
 from obs.settings._table import Option, OptionTable
-from obs.profiling_options import Endpoint, Levels, Steps
+from obs.settings.profiler_options import Endpoint, Levels, Steps
 from obs.settings._validators import (Bool, Choice, Dict, Int, SaveGraphsLevel, Str, did_you_mean, json_words,
                                       show)
 from recorder.layout import DEFAULT_CAPACITY, check_capacity

@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 
-from obs.dump.config import DumpConfigError
+from obs.settings.dump_config import DumpConfigError
 from tests.fuzz import Rejected, Target, cli_exit
 
 _NPY = "Relu.Default_net-Net_Relu-op2.0.0.1795351481336782.output.0.DefaultFormat.Float32.npy"
@@ -82,13 +82,13 @@ def _place_npy(folder: str, data: bytes) -> str:
 
 
 def _read_csv(folder: str) -> None:
-    from obs.dump import DumpReader
+    from obs.features.dump import DumpReader
 
     list(DumpReader(folder).statistics())
 
 
 def _read_npy(folder: str) -> None:
-    from obs.dump import DumpReader
+    from obs.features.dump import DumpReader
 
     for tensor in DumpReader(folder).tensors():
         tensor.load()
@@ -121,7 +121,7 @@ def _config_seeds(scratch: str) -> list[bytes]:
 
 
 def _load_config(path: str) -> None:
-    from obs.dump.config import load_dump_config
+    from obs.settings.dump_config import load_dump_config
 
     load_dump_config(path, environ={})
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 
-from obs.graphs.dot import dot_text
-from obs.graphs.ir_text import ir_text
-from obs.graphs.model import Abstract, Graph, IrFile, Node, Param
-from obs.graphs.reader import read_ir
-from obs.graphs.summary import diff_graphs, summarize
+from obs.features.graphs.dot import dot_text
+from obs.features.graphs.ir_text import ir_text
+from obs.features.graphs.model import Abstract, Graph, IrFile, Node, Param
+from obs.features.graphs.reader import read_ir
+from obs.features.graphs.summary import diff_graphs, summarize
 from tests.fuzz import Rejected, Target, cli_exit
 
 

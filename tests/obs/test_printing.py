@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import obs
-from obs.printing import ENV_PRINT_FILE, feature
+from obs.features.printing import ENV_PRINT_FILE, feature
 from printsink.reader import iter_print
 from tests.printsink.print_pb2 import Print as MindSporePrint
 
@@ -287,7 +287,7 @@ def test_disk_full_cuts_back_to_the_last_whole_record_and_warns_once(tmp_path):
         import json, resource, signal, warnings
         import numpy as np
         import obs
-        from obs.printing import feature
+        from obs.features.printing import feature
         from printsink.writer import PrintFileFullWarning
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))

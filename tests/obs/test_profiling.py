@@ -81,7 +81,7 @@ def test_a_session_records_and_its_exporter_writes_the_files_when_it_ends(tmp_pa
 
 
 def test_without_a_subprocess_the_exporter_runs_on_a_thread_and_says_so_once(tmp_path, monkeypatch, caplog):
-    import obs.profiling_session as ps
+    import obs.features.profiler.session as ps
 
     def refuse(*args, **kwargs):
         raise OSError(11, "Resource temporarily unavailable")
@@ -126,7 +126,7 @@ def test_hot_reload_turns_profiling_on_and_changes_levels(tmp_path):
     config = tmp_path / "obs.json"
     config.write_text(json.dumps({"profiler": {"enable": False}}))
     obs.set_context(env_config_path=str(config))
-    from obs.settings._env_feature import feature as env_feature
+    from obs.features.env_config import feature as env_feature
 
     _train(2)
     assert profiling.session() is None

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import obs
-from obs.settings._env_feature import feature as env_feature
+from obs.features.env_config import feature as env_feature
 from recorder.bundle_reader import list_bundles, load_bundle
 
 

@@ -12,7 +12,7 @@ import torch
 
 import obs
 from obs._core.internal import internal_error_counts
-from obs.settings._env_feature import feature as env_feature
+from obs.features.env_config import feature as env_feature
 from recorder.layout import Kind
 from recorder.ring_reader import read_ring
 from recorder.signals import relay

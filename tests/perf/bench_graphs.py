@@ -100,8 +100,8 @@ def big_graph(nodes: int) -> torch.fx.GraphModule:
 
 def write_big(nodes: int, repeats: int) -> dict[str, float]:
     """Median seconds to describe and write a ``nodes``-op graph at level 1 (.ir) and level 3 (+verbose, .dot)."""
-    from obs.graphs import feature
-    from obs.graphs.describe import describe
+    from obs.features.graphs import feature
+    from obs.features.graphs.describe import describe
 
     gm = big_graph(nodes)
     out: dict[str, float] = {"nodes": float(sum(1 for n in gm.graph.nodes if n.op == "call_function"))}
@@ -122,7 +122,7 @@ def write_big(nodes: int, repeats: int) -> dict[str, float]:
 
 
 def child(rounds: int, core: int) -> dict[str, object]:
-    from obs.graphs import feature
+    from obs.features.graphs import feature
 
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)

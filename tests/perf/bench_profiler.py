@@ -54,8 +54,8 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
 
     from _harness import cnn, mlp, paired_ratios
     from obs import rdr
-    from obs.profiling_options import ProfileRequest
-    from obs.profiling_session import ProfileSession
+    from obs.settings.profiler_options import ProfileRequest
+    from obs.features.profiler.session import ProfileSession
 
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = url
     tmp = tempfile.mkdtemp(prefix="obs-bench-prof-")

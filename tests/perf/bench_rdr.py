@@ -10,7 +10,7 @@ Targets: RDR ``module`` <= 1.03 on the MLP, <= 1.01 on the CNN; RDR ``op`` (with
 below torch.profiler recording the same steps, aiming at <= 1.15 / <= 1.03; the op record itself
 <= 1 us per op; a dump of full default rings <= 250 ms.  "native" op recording is the
 RecordFunction observer (recorder/native_ops.py); "dispatch mode" is the Python fallback
-(OBS_NATIVE_OPS=0); "Python handlers" run without the C hot path (OBS_RDR_PURE_PYTHON=1).
+(OBS_NATIVE_OPS=0); "Python handlers" run without the C hot path (OBS_NATIVE_RECORDER=0).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def rdr(granularity: str, pure_python: bool = False, native: bool = True):
         path = os.path.join(TMP, f"{granularity}.json")
         with open(path, "w") as fh:
             json.dump({"rdr": {"enable": True, "path": TMP, "granularity": granularity}}, fh)
-        os.environ["OBS_RDR_PURE_PYTHON"] = "1" if pure_python else "0"
+        os.environ["OBS_NATIVE_RECORDER"] = "0" if pure_python else "1"
         os.environ["OBS_NATIVE_OPS"] = "1" if native else "0"
         obs.set_context(env_config_path=path)
         live = obs.rdr.recorder()
@@ -62,7 +62,7 @@ def rdr(granularity: str, pure_python: bool = False, native: bool = True):
 
         def teardown():
             obs.reset_context()
-            del os.environ["OBS_RDR_PURE_PYTHON"], os.environ["OBS_NATIVE_OPS"]
+            del os.environ["OBS_NATIVE_RECORDER"], os.environ["OBS_NATIVE_OPS"]
         return teardown
     return setup
 

@@ -24,9 +24,9 @@ except ImportError:  # built by `pip install -e .` (setup.py); optional where th
 def record(tmp_path, monkeypatch, pure: bool):
     monkeypatch.setenv("OBS_NATIVE_OPS", "0")  # both through the dispatch mode (tests/recorder/test_native_ops.py)
     if pure:
-        monkeypatch.setenv("OBS_RDR_PURE_PYTHON", "1")
+        monkeypatch.setenv("OBS_NATIVE_RECORDER", "0")
     else:
-        monkeypatch.delenv("OBS_RDR_PURE_PYTHON", raising=False)
+        monkeypatch.delenv("OBS_NATIVE_RECORDER", raising=False)
     config = tmp_path / f"obs-{pure}.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / str(pure)), "granularity": "op"}}))
     tracker.reset()

@@ -34,7 +34,7 @@ except ImportError:
 
 def start(tmp_path, monkeypatch, *, native: bool, name: str = "rdr") -> None:
     monkeypatch.setenv("OBS_NATIVE_OPS", "1" if native else "0")
-    monkeypatch.delenv("OBS_RDR_PURE_PYTHON", raising=False)
+    monkeypatch.delenv("OBS_NATIVE_RECORDER", raising=False)
     config = tmp_path / f"{name}.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / name), "granularity": "op"}}))
     tracker.reset()
@@ -159,12 +159,12 @@ def test_one_ring_at_a_time_and_release_is_idempotent(tmp_path, monkeypatch):
 
 
 def test_fallback_without_a_compiler_says_why_once_and_uses_the_dispatch_mode(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(native_ops, "_library", None)
-    monkeypatch.setattr(native_ops, "_reason", None)
+    monkeypatch.setattr(native_ops.EXTENSION, "module", None)
+    monkeypatch.setattr(native_ops.EXTENSION, "reason", None)
     monkeypatch.setenv("OBS_NATIVE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("OBS_NATIVE_OPS", "1")
-    monkeypatch.delenv("OBS_RDR_PURE_PYTHON", raising=False)  # the observer needs the C hot path's ring
+    monkeypatch.delenv("OBS_NATIVE_RECORDER", raising=False)  # the observer needs the C hot path's ring
     config = tmp_path / "rdr.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "granularity": "op"}}))
     with caplog.at_level(logging.WARNING, logger="obs"):

@@ -207,7 +207,7 @@ def test_an_asyncio_program_keeps_its_wakeup_fd(tmp_path):
 
 
 def test_without_the_c_extension_signals_still_dump_while_python_runs(tmp_path):
-    proc, rdr = start(tmp_path, "sleep", OBS_RDR_PURE_PYTHON="1")
+    proc, rdr = start(tmp_path, "sleep", OBS_NATIVE_RECORDER="0")
     wait_for(proc, "WAITING")
     code, took = signal_and_time(proc, signal.SIGTERM)
     finish(proc)
@@ -235,7 +235,7 @@ def test_without_the_c_extension_a_main_thread_blocked_in_c_is_not_dumped_and_re
     """What the pure-Python fallback cannot do (as its docs say): the signal waits for the main thread."""
     from recorder.recover import recover_rings
 
-    proc, rdr = start(tmp_path, "blocked_in_c", OBS_RDR_PURE_PYTHON="1")
+    proc, rdr = start(tmp_path, "blocked_in_c", OBS_NATIVE_RECORDER="0")
     wait_for(proc, "BLOCKED")
     os.kill(proc.pid, signal.SIGTERM)
     with pytest.raises(subprocess.TimeoutExpired):

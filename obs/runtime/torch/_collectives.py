@@ -47,7 +47,6 @@ OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tenso
        "isend", "irecv")
 _P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 _ASYNC_ALWAYS = frozenset({"isend", "irecv"})
-_MISSING = object()
 
 
 class _Args:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from obs._core.demands import demands
 from obs._core.events import Event, bus
 from obs._core.internal import suppressed
 from obs.runtime.steps import tracker
@@ -52,9 +53,7 @@ class ObsBackend:
         with suppressed():
             bus.emit(Event.GRAPH_COMPILED, name, gm, example_inputs)
         inner = self.inner
-        from obs.graphs.feature import level
-
-        stages = level()
+        stages = demands.graph_level()
         if stages >= 2:
             from obs.runtime.torch._stages import staged
 

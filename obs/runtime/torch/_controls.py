@@ -16,7 +16,7 @@ import torch
 from obs.runtime.torch._device import torch_device
 from obs.settings._table import canonical_device
 
-__all__ = ["CONTROLLED_KEYS", "apply", "restore"]
+__all__ = ["apply", "restore"]
 
 _saved: dict[str, Callable[[], None]] = {}
 
@@ -142,7 +142,6 @@ _CONTROLS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     "max_device_memory": _max_device_memory,
     "pynative_synchronize": _synchronize,
 }
-CONTROLLED_KEYS = frozenset(_CONTROLS)
 
 
 def apply(values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:

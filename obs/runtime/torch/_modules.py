@@ -4,7 +4,7 @@ While someone subscribes to module events, ``torch.nn.Module.__call__`` is wrapp
 PyTorch's hook-free fast path, where global forward hooks force every module call through the
 slow path (``tests/perf/bench_overhead.py`` measures both).  The wrapper is C
 (``recorder/_module_call.c``, no Python frame per module call) where the recorder's C hot path is
-built, and the Python ``obs_module_call`` below otherwise (``OBS_RDR_PURE_PYTHON=1``); both do the
+built, and the Python ``obs_module_call`` below otherwise (``OBS_NATIVE_RECORDER=0``); both do the
 same, in the same order.  A root module (entered with nothing on this thread's stack) names every
 submodule once from ``named_modules()``:
 ``Default/net-Net/fc1-Linear`` (``Default/net/fc1`` without class names).  A module wrapped by
@@ -195,9 +195,9 @@ class ModuleHooks:
 
         descriptor = _install_c_module_call(original, inline, keep)
         if descriptor is not None:
-            from recorder import _hotpath
+            from recorder.hotpath import hotpath
 
-            self._c = _hotpath
+            self._c = hotpath()
             self._c.set_module_handlers(self.enter, self.exit, self.phase)
             torch.nn.Module.__call__ = descriptor  # type: ignore[method-assign]
         else:
@@ -219,8 +219,8 @@ class ModuleHooks:
 
 def _install_c_module_call(original: Any, inline: bool, keep: bool) -> Any:
     """Configure the C wrapper and return it (a method descriptor of ``Module``), or None where the C hot path
-    is not built or ``OBS_RDR_PURE_PYTHON=1``."""
-    from recorder.handlers import hotpath
+    is not built or ``OBS_NATIVE_RECORDER=0``."""
+    from recorder.hotpath import hotpath
 
     hot = hotpath()
     if hot is None or not hasattr(hot, "install_module_call"):

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from obs._core.demands import demands
+
 __all__ = ["print_in_graph"]
 
 _OBS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
@@ -56,9 +58,7 @@ def print_values(tensors: list[torch.Tensor], spec: str) -> None:
     it = iter(tensors)
     call = json.loads(spec)
     values = tuple(next(it) if v is None else v for v in call["values"])
-    from obs.printing import publish  # the eager Print path, resolved at run time (never traced)
-
-    publish(values, call["source"])
+    demands.print_sink(values, call["source"])  # the eager Print path, resolved at run time (never traced)
 
 
 @print_values.register_fake

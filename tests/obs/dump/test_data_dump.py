@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import obs
-from obs.dump.config import DumpConfigError
+from obs.settings.dump_config import DumpConfigError
 from obs.runtime.steps import tracker
 
 
@@ -245,7 +245,7 @@ BAD = [
 
 @pytest.mark.parametrize("change, fragment", BAD)
 def test_every_bad_value_is_rejected_with_its_message(tmp_path, change, fragment):
-    from obs.dump.config import parse_dump_config
+    from obs.settings.dump_config import parse_dump_config
 
     cfg = settings(tmp_path, **change)
     with pytest.raises(DumpConfigError) as info:
@@ -255,7 +255,7 @@ def test_every_bad_value_is_rejected_with_its_message(tmp_path, change, fragment
 
 
 def test_missing_required_keys_and_bad_e2e_are_all_listed(tmp_path):
-    from obs.dump.config import parse_dump_config
+    from obs.settings.dump_config import parse_dump_config
 
     cfg = {"common_dump_settings": {"path": str(tmp_path)}, "e2e_dump_settings": {"enable": "yes", "sample_num": 0}}
     with pytest.raises(DumpConfigError) as info:
@@ -336,7 +336,7 @@ def test_a_loop_that_never_ends_a_step_is_told_why_nothing_was_dumped(tmp_path):
 
 
 def test_a_run_that_ends_before_its_iterations_is_told_so(tmp_path):
-    from obs.dump.feature import feature
+    from obs.features.dump.feature import feature
 
     path = tmp_path / "env.json"
     path.write_text(json.dumps({"dump": settings(tmp_path, saved_data="statistic", iteration="5-6")}))

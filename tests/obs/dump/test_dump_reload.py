@@ -10,8 +10,8 @@ import warnings
 import torch
 
 import obs
-from obs.dump import DumpReader
-from obs.settings._env_feature import feature as env_feature
+from obs.features.dump import DumpReader
+from obs.features.env_config import feature as env_feature
 
 TIMEOUT = 20
 

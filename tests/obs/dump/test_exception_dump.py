@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import obs
-from obs.dump.exception import dump_of
+from obs.features.dump.exception import dump_of
 
 
 def arm(tmp_path, mode="2", **rdr):

@@ -1,4 +1,4 @@
-"""The C++ row recorder (obs/dump/_fast_rows.cpp) writes statistic.csv byte for byte as the Python recorder does:
+"""The C++ row recorder (obs/features/dump/_fast_rows.cpp) writes statistic.csv byte for byte as the Python recorder does:
 dtypes, layouts it hands back to Python, shared memory, in-place writes, slots and gaps, whole dumps."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import torch
 
 import obs
 from obs._core.events import Event, bus
-from obs.dump import native_rows
-from obs.dump._rows import StatisticRows
+from obs.features.dump import native_rows
+from obs.features.dump._rows import StatisticRows
 from obs.runtime.steps import tracker
 
-pytest.importorskip("obs.dump._stats", reason="the C extension is not built")
+pytest.importorskip("obs.features.dump._stats", reason="the C extension is not built")
 
 ALL = ("max", "min", "avg", "count", "l2norm", "nan count", "positive inf count", "negative inf count",
        "zero count", "positive zero count", "negative zero count")

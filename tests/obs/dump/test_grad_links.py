@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import obs
-from obs._core import native_build
-from obs.dump import native_nan
-from obs.dump._grad_links import preserves_in_backward
-from obs.dump.feature import feature
-from obs.dump.nan_check import NanCheck, NonFiniteError
+from obs._core.native import switched_off
+from obs.features.dump import native_nan
+from obs.features.dump._grad_links import preserves_in_backward
+from obs.features.dump.feature import feature
+from obs.features.dump.nan_check import NanCheck, NonFiniteError
 from tests.obs.dump.test_nan_check import GradToNan
 
 
@@ -25,7 +25,7 @@ def check(request, tmp_path, monkeypatch):
     path.write_text(json.dumps({"nan_check": {"enable": True, "path": str(tmp_path)}}))
     obs.set_context(env_config_path=str(path))
     armed = feature.nan
-    if request.param == "native" and native_build.switched_off("OBS_NATIVE_DUMP"):
+    if request.param == "native" and switched_off("DUMP"):
         pytest.skip("OBS_NATIVE_DUMP=0: the Python path only")
     assert isinstance(armed, NanCheck)
     assert (armed._native is None) is (request.param == "python"), native_nan.unavailable_reason()
@@ -140,7 +140,7 @@ def test_which_backwards_preserve_finiteness(module, expected):
 def test_raise_mode_in_backward_reaches_the_caller_of_backward(tmp_path, monkeypatch, native):
     if not native:
         monkeypatch.setenv("OBS_NATIVE_DUMP", "0")
-    elif native_build.switched_off("OBS_NATIVE_DUMP"):
+    elif switched_off("DUMP"):
         pytest.skip("OBS_NATIVE_DUMP=0: the Python path only")
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"nan_check": {"enable": True, "path": str(tmp_path), "action": "raise"}}))

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import obs
-from obs._core import native_build
-from obs.dump import native_nan
-from obs.dump.feature import feature
-from obs.dump.nan_check import NonFiniteError
+from obs._core.native import switched_off
+from obs.features.dump import native_nan
+from obs.features.dump.feature import feature
+from obs.features.dump.nan_check import NonFiniteError
 
 
 def arm(tmp_path, **section):
@@ -152,7 +152,7 @@ def test_a_relu_or_maxpool_output_is_not_read_again_when_its_inputs_were_finite(
     arm(tmp_path, backward=False)
     try:
         check = feature.nan
-        if native and native_build.switched_off("OBS_NATIVE_DUMP"):
+        if native and switched_off("DUMP"):
             pytest.skip("OBS_NATIVE_DUMP=0: the Python path only")
         assert (check._native is not None) is native, native_nan.unavailable_reason()
         net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),

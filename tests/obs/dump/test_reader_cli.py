@@ -13,9 +13,9 @@ import torch
 
 import obs
 from obs._core.errors import DamagedFileError, NotOurFileError
-from obs.dump import DumpReader
-from obs.dump.diff import diff_dumps
-from obs.dump.reader import read_statistic_csv
+from obs.features.dump import DumpReader
+from obs.features.dump.diff import diff_dumps
+from obs.features.dump.reader import read_statistic_csv
 from obs.runtime.steps import tracker
 from tests.obs.dump.test_data_dump import Net
 

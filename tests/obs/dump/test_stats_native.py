@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from obs.dump import stats
+from obs.features.dump import stats
 
-native = pytest.importorskip("obs.dump._stats", reason="the C extension is not built")
+native = pytest.importorskip("obs.features.dump._stats", reason="the C extension is not built")
 
 ALL = ("max", "min", "avg", "count", "l2norm", "nan count", "positive inf count", "negative inf count",
        "zero count", "positive zero count", "negative zero count")
@@ -248,7 +248,7 @@ def test_bad_arguments_are_refused():
 
 @pytest.mark.parametrize("categories", [ALL, ("max", "min", "l2norm"), ("md5", "max", "count"), ()], ids=str)
 def test_the_c_formatter_writes_statistic_csv_as_the_python_one(categories):
-    from obs.dump._rows import StatisticRows
+    from obs.features.dump._rows import StatisticRows
 
     rows = StatisticRows(categories, native=False)  # Python rows, formatted by the C formatter
     tensors = [torch.randn(3, 4), torch.tensor([[1, -5], [7, 2**40]]), torch.tensor(3.5, dtype=torch.float64),
@@ -270,7 +270,7 @@ def test_the_c_formatter_writes_statistic_csv_as_the_python_one(categories):
 def test_huge_whole_numbers_print_every_digit_as_python_does():
     """An integral max or min of an integer tensor prints as an integer, however long (the values a Python row may
     hold: up to 310 digits)."""
-    from obs.dump._rows import StatisticRows
+    from obs.features.dump._rows import StatisticRows
 
     rows = StatisticRows(("max", "min", "avg"), native=False)
     values = [1e47, -1e300, 2.0**63, -(2.0**63), 1.7976931348623157e308]
@@ -286,7 +286,7 @@ def test_the_c_formatter_writes_every_double_as_repr_does():
     import random
     import struct
 
-    from obs.dump._rows import StatisticRows
+    from obs.features.dump._rows import StatisticRows
 
     gen = random.Random(7)
     edges = [1e-4, 1e-5, 9.999999999999999e-05, 0.00011, 1e15, 1e16, 1e17, 9999999999999998.0, 1234567890123456.7,

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import obs
-from obs.graphs import read_ir
-from obs.graphs.feature import feature, parse_env
+from obs.features.graphs import read_ir
+from obs.features.graphs.feature import feature, parse_env
 from obs.runtime.torch import adapter
 from recorder.bundle_reader import load_bundle
 from tests.obs.graphs.nets import Net
@@ -56,7 +56,7 @@ def test_bad_environment_variables_are_clear_errors(env, message):
 
 
 def test_environment_variables_read_at_import(tmp_path):
-    code = ("import obs; from obs.graphs import feature; print(feature.level, feature.path, "
+    code = ("import obs; from obs.features.graphs import feature; print(feature.level, feature.path, "
             "obs.get_context('save_graphs'))")
     env = {**os.environ, "MS_DEV_SAVE_GRAPHS": "2", "MS_DEV_SAVE_GRAPHS_PATH": str(tmp_path / "g")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -189,16 +189,16 @@ def test_a_recovered_bundle_has_the_graphs_and_a_clean_exit_leaves_none(tmp_path
 
 
 def test_env_config_graphs_section_and_its_hot_reload(tmp_path):
-    from obs.settings import _env_feature
+    from obs.features import env_config as env_feature
 
     config = tmp_path / "obs_config.json"
     config.write_text(json.dumps({"graphs": {"save_graphs": 1, "save_graphs_path": str(tmp_path / "g")}}))
     obs.set_context(env_config_path=str(config), mode=obs.GRAPH_MODE)
     assert (feature.level, feature.path) == (1, str(tmp_path / "g"))
     config.write_text(json.dumps({"graphs": {"save_graphs": 3, "save_graphs_path": str(tmp_path / "h")}}))
-    assert _env_feature.feature.wait_staged(lambda cfg: cfg.values["graphs"]["save_graphs"] == 3, 10) is not None
+    assert env_feature.feature.wait_staged(lambda cfg: cfg.values["graphs"]["save_graphs"] == 3, 10) is not None
     assert feature.level == 1  # staged: applied at the next step boundary, on the training thread
-    _env_feature.feature.apply_pending()
+    env_feature.feature.apply_pending()
     assert (feature.level, feature.path) == (3, str(tmp_path / "h")) and (tmp_path / "h").is_dir()
     obs.set_context(save_graphs=2)  # set_context wins over the file (unless it is 0: unset)
     assert feature.level == 2

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from obs.graphs.ir_text import ir_text
-from obs.graphs.model import parse_abstract
+from obs.features.graphs.ir_text import ir_text
+from obs.features.graphs.model import parse_abstract
 from tests.fuzz.targets_graphs import sample_ir
 from tests.obs.cli.test_cli import obs_cli
 

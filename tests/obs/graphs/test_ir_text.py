@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from obs.graphs.describe import describe, frames_of, scope_parts
-from obs.graphs.ir_text import ir_text
-from obs.graphs.model import Abstract, format_abstract, parse_abstract
-from obs.graphs.reader import parse_ir
+from obs.features.graphs.describe import describe, frames_of, scope_parts
+from obs.features.graphs.ir_text import ir_text
+from obs.features.graphs.model import Abstract, format_abstract, parse_abstract
+from obs.features.graphs.reader import parse_ir
 from tests.fuzz.targets_graphs import sample_ir
 
 

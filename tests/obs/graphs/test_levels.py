@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import obs
-from obs.graphs import read_ir
-from obs.graphs.files import next_number
+from obs.features.graphs import read_ir
+from obs.features.graphs.files import next_number
 from tests.obs.graphs.nets import Net
 
 

@@ -12,15 +12,15 @@ import torch
 import obs
 from obs._core.internal import suppressed
 from obs.runtime.torch import _modules
-from recorder.handlers import hotpath
+from recorder.hotpath import hotpath
 
 
 @pytest.fixture(autouse=True, params=["c", "python"])
 def impl(request, monkeypatch):
     """Every test runs on the C wrapper (where the hot path is built) and on the Python one."""
     if request.param == "c" and (hotpath() is None or not hasattr(hotpath(), "install_module_call")):
-        pytest.skip("the C hot path is not built (or OBS_RDR_PURE_PYTHON=1)")
-    monkeypatch.setenv("OBS_RDR_PURE_PYTHON", "1" if request.param == "python" else "0")
+        pytest.skip("the C hot path is not built (or OBS_NATIVE_RECORDER=0)")
+    monkeypatch.setenv("OBS_NATIVE_RECORDER", "0" if request.param == "python" else "1")
     return request.param
 
 
@@ -212,7 +212,7 @@ def training(model_type=Kw):
 
 def test_the_event_sequence_is_the_same_on_both_wrappers(impl, monkeypatch):
     events = record(training())
-    monkeypatch.setenv("OBS_RDR_PURE_PYTHON", "1" if impl == "c" else "0")
+    monkeypatch.setenv("OBS_NATIVE_RECORDER", "0" if impl == "c" else "1")
     obs.bus.clear()
     from obs.runtime.steps import tracker
 

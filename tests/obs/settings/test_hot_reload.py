@@ -15,7 +15,7 @@ import pytest
 
 import obs
 from obs.runtime.steps import tracker
-from obs.settings._env_feature import feature
+from obs.features.env_config import feature
 
 TIMEOUT = 20
 

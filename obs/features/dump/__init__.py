@@ -1,0 +1,19 @@
+"""Dumps: exception_dump (the failing op or module), the first NaN/Inf, and the data dump in MindSpore's layout.
+
+``obs.features.dump.DumpReader(path)`` reads a data dump (steps × ops × tensors and statistics).  Importing
+this package is light: the writers load torch only when a feature is turned on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DumpReader"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DumpReader":
+        from obs.features.dump.reader import DumpReader
+
+        return DumpReader
+    raise AttributeError(f"module 'obs.features.dump' has no attribute {name!r}")

@@ -1,0 +1,102 @@
+"""One capture folder: the tensors of a failing (or first non-finite) op or module, and its ``meta.json``.
+
+``{root}/rank_{r}/{kind}/{stamp}_{scope}/`` holds ``inputs.N.npy`` (``outputs.N.npy``,
+``saved.N.npy``) and ``meta.json`` (op, scope, step, shapes, dtypes, devices, exception text,
+Python stack).  Folders are 0700 and files 0600 through :mod:`obs._core.safe_files`; the scope is
+escaped, so no module name leaves ``root``.  A tensor that cannot be copied to the host is listed
+with the reason instead of a file.  The folder is written under a temporary name and renamed, so
+it is complete or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import traceback
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
+
+from obs._core import outputs, safe_files
+from obs.features.dump._files import escape_name, inside, npy_bytes, write_new
+from obs.features.dump._tensors import describe, host_array
+
+__all__ = ["SCHEMA_VERSION", "python_stack", "write_capture"]
+
+SCHEMA_VERSION = 1
+
+
+_OWN = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", ""),
+        os.path.dirname(os.path.abspath(__file__)) + os.sep)
+
+
+def python_stack(error: BaseException | None, frame: FrameType | None) -> list[str]:
+    """The stack of a failure: the callers of ``frame`` (outermost first), then the traceback of ``error``;
+    obs's own wrapper and hook frames left out."""
+    entries = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
+    lines = [line for entry, line in zip(entries, entries.format()) if not entry.filename.startswith(_OWN)]
+    if error is not None:
+        tb = traceback.TracebackException.from_exception(error)
+        tb.stack = traceback.StackSummary.from_list([e for e in tb.stack if not e.filename.startswith(_OWN)])
+        lines += list(tb.format())
+    return [line.rstrip("\n") for line in lines]
+
+
+def _stamp() -> str:
+    now = time.time()
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"-{int(now % 1 * 1e6):06d}"
+
+
+def write_capture(root: str, rank: int, kind: str, scope: str, meta: dict[str, Any],
+                  groups: Iterable[tuple[str, Iterable[tuple[str, Any]]]], what: str) -> str:
+    """Write one capture folder and return its path.
+
+    ``groups``: ``(prefix, [(where, tensor), ...])`` such as ``("inputs", tensors_in(args, kwargs))``;
+    the N-th tensor of a group becomes ``{prefix}.N.npy``.  ``what`` names the folder in ``obs run``'s
+    list of written files.
+    """
+    parent = inside(root, f"rank_{rank}", kind)
+    safe_files.ensure_dir(parent)
+    final = _free_name(parent, f"{_stamp()}_{escape_name(scope or meta.get('op') or 'unknown', limit=120)}")
+    tmp = safe_files.temp_path(final)
+    safe_files.ensure_dir(tmp)
+    try:
+        listed: dict[str, list[dict[str, Any]]] = {}
+        for prefix, items in groups:
+            entries = listed.setdefault(prefix, [])
+            for index, (where, tensor) in enumerate(items):
+                entries.append(_save(tmp, f"{prefix}.{index}.npy", where, tensor))
+        body = {"schema_version": SCHEMA_VERSION, **meta, **listed}
+        write_new(os.path.join(tmp, "meta.json"), json.dumps(body, indent=2, default=str).encode())
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    outputs.wrote(what, final)
+    return final
+
+
+def _free_name(parent: str, name: str) -> str:
+    path, n = os.path.join(parent, name), 1
+    while os.path.lexists(path):
+        n += 1
+        path = os.path.join(parent, f"{name}.{n}")
+    return path
+
+
+def _save(folder: str, file: str, where: str, tensor: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"file": file, "arg": where}
+    try:
+        entry.update(describe(tensor))
+    except Exception as exc:  # a tensor subclass without shape/dtype: say so, keep going
+        entry.update(file=None, unavailable=f"{type(exc).__name__}: {exc}")
+        return entry
+    try:
+        header, data = npy_bytes(host_array(tensor))
+    except Exception as exc:  # a broken device, a fake or freed tensor: the meta still says what it was
+        entry.update(file=None, unavailable=f"{type(exc).__name__}: {exc}")
+        return entry
+    write_new(os.path.join(folder, file), header, data)
+    return entry

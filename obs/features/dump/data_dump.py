@@ -1,0 +1,369 @@
+"""The data dump in eager PyTorch: selected steps × aten ops → MindSpore's layout, names and statistic.csv.
+
+::
+
+    {path}/rank_{r}/.dump_metadata/config.json, data_dump.json (the user's JSON, byte for byte)
+    {path}/rank_{r}/{net_name}/0/{iteration}/{op_type}.{escaped full name}.0.0.{us}.{input|output}.{slot}.DefaultFormat.{Dtype}.npy
+    {path}/rank_{r}/{net_name}/0/{iteration}/statistic.csv
+    {path}/rank_{r}/execution_order/ms_execution_order_graph_0.csv, ms_global_execution_order_graph_0.csv
+
+Ops come from the op dispatch mode (OP_OUTPUT).  An op's full name is MindSpore-style: the module
+scope, the op type in CamelCase and its index in the step (``Default/net-Net/fc1-Linear/Addmm-op3``);
+ops run by autograd in backward are under ``Gradients/``.  Eager PyTorch has one graph: id 0.
+Iteration N is the N-th step (from ``initial_iteration``).  Statistics are computed when the op
+returns (later in-place writes cannot change them) and statistic.csv is written at the step's end.
+Steps outside ``iteration`` cost one flag test per op.  Slots follow argument positions: a
+non-tensor argument leaves a gap, as in the original.  The outputs of ops that return uninitialised
+memory (``empty_like``: garbage that differs from run to run) are not dumped; the op that fills such a
+tensor dumps it.  With ``dump_mode`` 0 and outputs dumped,
+the root module's parameters are written as the original's ``Parameter.{name}...output.0...``
+files (and rows) when it is first called in a dumped step, before this step updates them.
+
+A statistics-only dump consumes ops in C++ where ``obs/features/dump/_fast_rows.cpp`` is built
+(:mod:`obs.features.dump.native_rows`): its ``on_op`` is :meth:`DataDump._on_op` without a Python frame per op,
+and calls back here only for what is done once per op type or full name (:meth:`DataDump._new_kind`,
+:meth:`DataDump._name_entry`) and for backward ops' modules.  Both write the same files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import re
+import threading
+import time
+from typing import Any
+
+import torch
+
+from obs._core import outputs, safe_files
+from obs._core.events import Event, Subscription, bus
+from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.features.dump._files import escape_name, inside, npy_bytes, write_new
+from obs.features.dump._spans import ModuleSpans
+from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
+from obs.settings.dump_config import DumpConfig
+from obs.features.dump._rows import Op, StatisticRows, each_tensor
+from obs.runtime.steps import tracker
+from obs.settings.parallel import rank
+
+__all__ = ["DataDump", "op_type"]
+
+logger = logging.getLogger("obs")
+
+GRAPH_ID = 0
+ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"
+_NOT_OPS = ("_record_function",)  # the optimizer's profiler annotations, not computations
+current_node = torch._C._current_autograd_node
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def op_type(name: str) -> str:
+    """``addmm.default`` → ``Addmm``; ``native_batch_norm_backward.default`` → ``NativeBatchNormBackward``."""
+    base = name.split(".", 1)[0]
+    return "".join(part[:1].upper() + part[1:] for part in base.split("_") if part) or "Op"
+
+
+def _write_fresh(path: str, text: str) -> None:
+    """``path`` created in place (in a folder made this step), or replaced whole when an earlier run left one."""
+    try:
+        write_new(path, text.encode(), folder_ready=True)
+    except FileExistsError:
+        safe_files.write_atomic(path, text, fsync=False)
+
+
+def _append(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+class DataDump:
+    """Subscribes to steps and op outputs while on; writes one iteration folder per selected step."""
+
+    def __init__(self, config: DumpConfig) -> None:
+        self.config = config
+        self._active = False
+        self.iteration = -1
+        self._ops = 0  # ops named in this step (the C++ consumer counts its own)
+        self._order: list[str] = []  # cleared in place: the C++ consumer appends to this list
+        self._dumped: list[int] = []
+        self._folder = ""
+        self._subs: list[Subscription] = []
+        self._demand: Any = None
+        self._types: dict[str, str] = {}
+        self._names: dict[str, tuple[str, str, bool]] = {}
+        self._last_stamp = 0
+        self._rank = -1
+        self._graph_dir = self._order_dir = ""
+        self._graph_checked = self._folder_made = False
+        self._tensors, self._statistics = config.tensors, config.statistics
+        self.spans = ModuleSpans()
+        self._inputs, self._outputs = config.input_output != 2, config.input_output != 1
+        self.rows = StatisticRows(config.statistic_category, native=self._statistics and not self._tensors)
+        # statistics only: the rows' recorder (C++ where built); with tensor files: each tensor through _tensor
+        self._add = self._each if self._tensors else self.rows.add_values
+        # Where the rows are recorded in C++, ops are consumed there too (on_op: this class's _on_op, without a
+        # Python frame per op); what is done once per op type or full name stays here.
+        # The module intervals that name backward ops, and the root's first call, are kept there too (enter, leave).
+        self._native = self.rows.native
+        if self._native is not None:
+            self._native.name_ops(self._types, self._new_kind, self._names, self._name_entry, self._order,
+                                  self._on_root, SUPPRESSION, UNINITIALISED_OPS, self._inputs, self._outputs)
+        self._wants_parameters = config.dump_mode == 0 and config.input_output != 1
+        self._lock = threading.Lock()
+        self._metadata_written = False
+        self._parameters_done = False
+        self._parameter_names: dict[str, str] = {}  # parameter name → its escaped file name
+        self._written_order: list[str] | None = []  # None: write the execution order again
+        self._ended = 0  # steps that ended while installed
+        self._recorded = 0  # ops of selected steps before the current one
+
+    def install(self) -> DataDump:
+        self._demand = tracker.require("data dump")
+        self._subs = [bus.subscribe(Event.STEP_BEGIN, self._on_step_begin),
+                      bus.subscribe(Event.STEP_END, self._on_step_end)]
+        # The module subscribers also keep the module wrapper, whose scope stack names the ops.
+        if self._native is not None:
+            self._subs += [bus.subscribe(Event.OP_OUTPUT, self._native.on_op),
+                           bus.subscribe(Event.MODULE_ENTER, self._native.enter),
+                           bus.subscribe(Event.MODULE_EXIT, self._native.leave)]
+        else:
+            self.spans.install()
+            self._subs.append(bus.subscribe(Event.OP_OUTPUT, self._on_op))
+            if self._wants_parameters:
+                self._subs.append(bus.subscribe(Event.MODULE_ENTER, self._on_module))
+        if tracker.in_step:  # turned on in the middle of a step: start with the next one
+            self.active = False
+        atexit.register(self._at_exit)
+        return self
+
+    @property
+    def active(self) -> bool:
+        """Whether ops are recorded now (a selected step is running)."""
+        return self._active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._active = value
+        if self._native is not None:
+            self._native.active = value
+
+    @property
+    def _count(self) -> int:
+        return self._ops if self._native is None else self._native.count
+
+    @_count.setter
+    def _count(self, value: int) -> None:
+        if self._native is None:
+            self._ops = value
+        else:
+            self._native.count = value
+
+    def remove(self) -> None:
+        for sub in self._subs:
+            sub.remove()
+        self._subs = []
+        self.spans.remove()
+        if self._demand is not None:
+            self._demand.remove()
+            self._demand = None
+        atexit.unregister(self._at_exit)
+        if self.active:
+            self._finish()
+
+    def nothing_dumped(self) -> str | None:
+        """Why this dump has written no iteration yet (None once one is written, or while no op has run)."""
+        if self._dumped or not self.config.e2e.get("enable", True):  # dumped, or switched off on purpose
+            return None
+        iteration = self.config.iteration
+        if not self._ended and (self._count or self._recorded):
+            return (f"no training step ended, so the data dump wrote nothing to {self.config.path} "
+                    f"({self._count + self._recorded} ops recorded in iteration {self.iteration}). A step ends when "
+                    f"optimizer.step() returns; a loop that updates its weights another way marks its steps with "
+                    f"'with obs.step():' or 'for batch in obs.steps(loader):'.")
+        if self._ended:
+            return (f"the data dump wrote nothing to {self.config.path}: its 'iteration' is {iteration!r}, "
+                    f"and the run ended after iteration {self.iteration}.")
+        return None
+
+    def _at_exit(self) -> None:
+        reason = self.nothing_dumped()
+        if reason is not None:
+            logger.warning("obs: %s", reason)
+
+    # -- folders ----------------------------------------------------------------------------------
+    def rank_dir(self) -> str:
+        return inside(self.config.path, f"rank_{rank()}")
+
+    def _write_metadata(self) -> None:
+        meta = inside(self.rank_dir(), ".dump_metadata", escape=False)
+        safe_files.ensure_dir(meta)
+        device = "GPU" if torch.cuda.is_available() and torch.cuda.is_initialized() else "CPU"
+        from obs._core.version import __version__
+
+        safe_files.write_atomic(os.path.join(meta, "config.json"),
+                                json.dumps({"device_target": device, "ms_version": f"obs {__version__}"}),
+                                fsync=False)
+        raw = self.config.raw or json.dumps({"common_dump_settings": {}}, indent=2)
+        safe_files.write_atomic(os.path.join(meta, "data_dump.json"), raw, fsync=False)
+        self._metadata_written = True
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _on_step_begin(self, step: int) -> None:
+        iteration = self.config.initial_iteration + step - 1
+        self._recorded += self._count
+        self.iteration, self._count = iteration, 0
+        self._order.clear()
+        self.rows.clear()
+        self._parameters_done = False
+        if self._native is not None:
+            self._native.parameters_pending = self._wants_parameters
+        self.active = iteration in self.config.iterations and bool(self.config.e2e.get("enable", True))
+        if self.active:
+            if not self._metadata_written:
+                self._write_metadata()
+            r = rank()
+            if r != self._rank:  # the folders of this rank, checked once
+                self._rank, rank_dir = r, self.rank_dir()
+                self._graph_dir = inside(rank_dir, self.config.net_name, str(GRAPH_ID))
+                self._graph_checked = False
+                self._order_dir = inside(rank_dir, "execution_order", escape=False)
+            self._folder = os.path.join(self._graph_dir, str(iteration))  # made with its first file
+            self._folder_made = False
+
+    def _on_module(self, scope: str, module: Any) -> None:
+        """The root module's first call in a dumped step: its parameters, as the original's Parameter files."""
+        if not self.active or self._parameters_done or len(SUPPRESSION.stack) != 1:
+            return
+        self._parameters_done = True
+        self._on_root(module)
+
+    def _on_root(self, module: Any) -> None:
+        escaped = self._parameter_names
+        try:
+            with suppressed():
+                for name, tensor in module.named_parameters():
+                    file_name = escaped.get(name)
+                    if file_name is None:
+                        file_name = escaped[name] = escape_name(name.replace(".", "_"))
+                    self._add(self._op("Parameter", file_name), "output", (tensor,))
+        except Exception as exc:
+            report_internal_error("data dump parameters", exc)
+
+    def _on_step_end(self, step: int, duration_ns: int) -> None:
+        self._ended += 1
+        if self.active:
+            self._finish()
+
+    def _finish(self) -> None:
+        # A rename costs milliseconds on some file systems (overlay): new files are created in place, and the
+        # execution order is rewritten only when it changed.
+        self.active = False
+        with suppressed():
+            folder = self._made_folder()  # the iteration's folder, even when no tensor was selected
+            if self._statistics:
+                _write_fresh(os.path.join(folder, "statistic.csv"), self.rows.text())
+            self._dumped.append(self.iteration)
+            order = self._order_dir  # its files are created with their folder
+            global_order = os.path.join(order, f"ms_global_execution_order_graph_{GRAPH_ID}.csv")
+            fresh = len(self._dumped) == 1
+            if not fresh:
+                try:
+                    _append(global_order, f"{self.iteration}\n")
+                except FileNotFoundError:  # removed during the run: both files are written again, from here
+                    fresh, self._written_order = True, None
+            if fresh:
+                safe_files.write_atomic(global_order, f"{self.iteration}\n", fsync=False)
+            if self._order != self._written_order:
+                safe_files.write_atomic(os.path.join(order, f"ms_execution_order_graph_{GRAPH_ID}.csv"),
+                                        ORDER_HEADER + "\n" + "".join(f"{n}\n" for n in self._order), fsync=False)
+                self._written_order = list(self._order)
+        if len(self._dumped) == 1:  # obs run lists the folder of the iterations once, not each of them
+            outputs.wrote("data dump", self._graph_dir)
+        self._order.clear()
+        self.rows.clear()
+
+    def _made_folder(self) -> str:
+        """This step's iteration folder, made on first use: the graph folder is walked and checked once
+        (:func:`obs._core.safe_files.ensure_dir`, ~10 syscalls), each iteration folder is one ``mkdir`` in it."""
+        if not self._folder_made:
+            try:
+                if not self._graph_checked:
+                    safe_files.ensure_dir(self._graph_dir)
+                    self._graph_checked = True
+                os.mkdir(self._folder, safe_files.DIR_MODE)
+            except OSError:  # left by an earlier run, or the folders were removed meanwhile: the full walk
+                safe_files.ensure_dir(self._folder)
+            self._folder_made = True
+        return self._folder
+
+    # -- ops --------------------------------------------------------------------------------------
+    def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
+        if not self._active:
+            return
+        kind = self._types.get(name)
+        if kind is None:
+            kind = self._new_kind(name)
+        if not kind:
+            return
+        n = self._ops
+        self._ops = n + 1
+        node = current_node()
+        if node is not None:  # run by autograd: named after the forward module that made the node
+            scope = "Gradients/" + (self.spans.module_of(node) or "Default")
+        else:
+            stack = SUPPRESSION.stack
+            scope = stack[-1] if stack else "Default"
+        full = f"{scope}/{kind}-op{n}"
+        entry = self._names.get(full) or self._name_entry(full)
+        self._order.append(entry[0])  # one line per op in execution_order
+        if not entry[2]:
+            return
+        op = self._op(kind, entry[1])
+        try:
+            with suppressed():
+                if self._inputs:
+                    self._add(op, "input", (*args, *kwargs.values()) if kwargs else args)
+                if self._outputs and not name.startswith(UNINITIALISED_OPS):  # garbage until written: not dumped
+                    self._add(op, "output", (output if isinstance(output, (list, tuple)) else (output,),))
+        except Exception as exc:
+            report_internal_error("data dump op", exc)
+
+    def _new_kind(self, name: str) -> str:
+        """The op type of an aten op's name as file names write it, cached; "" for what is not a computation."""
+        kind = self._types[name] = "" if name.startswith(_NOT_OPS) else escape_name(op_type(name), limit=48)
+        return kind
+
+    def _each(self, op: Op, io: str, values: Any) -> None:
+        each_tensor(op, io, values, self._tensor)
+
+    def _op(self, kind: str, name: str) -> Op:
+        """``(op type, escaped name, µs)`` of an op: the microseconds of its file names and rows are one per op
+        (its tensors share them) and increasing, so that readers order tensors as they were written."""
+        if self._native is not None:  # one sequence with the C++ consumer's stamps
+            return kind, name, self._native.stamp()
+        now = time.time_ns() // 1000
+        self._last_stamp = now = now if now > self._last_stamp else self._last_stamp + 1
+        return kind, name, now
+
+    def _name_entry(self, full: str) -> tuple[str, str, bool]:
+        """An op's execution_order line, escaped file name and whether it is dumped: once per full name."""
+        if len(self._names) > 1 << 16:
+            self._names.clear()
+        entry = self._names[full] = (_CONTROL.sub("_", full), escape_name(full), self.config.wants(full))
+        return entry
+
+    def _tensor(self, op: Op, io: str, slot: int, tensor: torch.Tensor) -> None:
+        if self._tensors and tensor.layout is torch.strided and not tensor.is_meta and not tensor.is_nested:
+            kind, name, stamp = op
+            path = os.path.join(self._made_folder(), f"{kind}.{name}.0.0.{stamp}.{io}.{slot}.DefaultFormat."
+                                                     f"{ms_dtype(tensor)}.npy")
+            header, data = npy_bytes(host_array(tensor))
+            write_new(path, header, data, folder_ready=True)
+        if self._statistics:
+            self.rows.add(op, io, slot, tensor)

@@ -1,0 +1,249 @@
+"""The NaN/Inf check: the first module (or op) whose output, or whose gradient in backward, is not finite.
+
+Module granularity (the default): a global forward hook checks each module's tensor outputs (the
+same tensor returned by nested modules is checked once; the output of a module that cannot make a
+non-finite value from finite inputs, such as ReLU or MaxPool, is not read again when every input was
+found finite in this step), and, when ``backward`` is on, puts a
+gradient hook on the first output that requires grad, so the gradient reaching that module in
+backward is checked too (except where such a module's backward makes it from a gradient already
+checked: :mod:`obs.features.dump._grad_links`).  Op granularity: every aten op's outputs (OP_OUTPUT), forward and backward.
+Each check is one sum (:func:`obs.features.dump.stats.nonfinite_counts`); exact counts only when it fails.
+
+On a finding (the first of a step, up to ``limit`` in all): a FAULT event ``nan_inf`` (recorded by
+the RDR), a capture folder ``{root}/rank_{r}/nan_check/{stamp}_{scope}/`` with the inputs and the
+non-finite outputs (or the gradient) and their counts, then either training goes on
+(``action="continue"``) or a ``FloatingPointError`` is raised from the hook (``"raise"``), which
+reaches the user as any error of that module would (and exception_dump dumps it when armed).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from obs._core.events import Event, Subscription, bus
+from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.features.dump import native_nan
+from obs.features.dump._autograd_calls import AutogradCall
+from obs.features.dump._grad_links import ELEMENTWISE_BACKWARD, MAX_POOLS, GradLinks, preserves_in_backward
+from obs.features.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
+from obs.features.dump.capture import python_stack, write_capture
+from obs.features.dump.stats import nonfinite_counts
+from obs.runtime.steps import tracker
+from obs.settings.parallel import rank
+
+__all__ = ["NanCheck", "NonFiniteError"]
+
+
+#: Modules whose output is finite whenever every input is: bounded or selecting maps of their input, with no
+#: parameter or factor that could overflow.  Matched by exact type (a subclass may override forward).  An input
+#: counts as checked while its memory, size and version are those of a tensor found finite this step; a write
+#: through ``.data`` does not move the version, and is not seen (as it is not by autograd).
+FINITE_PRESERVING = frozenset({
+    torch.nn.ReLU, torch.nn.ReLU6, torch.nn.Hardtanh, torch.nn.Sigmoid, torch.nn.Tanh, torch.nn.Identity,
+    torch.nn.Flatten, torch.nn.Unflatten, torch.nn.MaxPool1d, torch.nn.MaxPool2d, torch.nn.MaxPool3d,
+    torch.nn.AdaptiveMaxPool1d, torch.nn.AdaptiveMaxPool2d, torch.nn.AdaptiveMaxPool3d})
+_KNOWN_MAX = 4096  # tensors known finite in one step, at most
+
+
+def _tensors_of(value: Any, where: str) -> Any:
+    """``tensors_in((value,))``, without the generator for the common case: ``value`` is one tensor (``where``)."""
+    return ((where, value),) if isinstance(value, torch.Tensor) else tensors_in((value,))
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised (``action="raise"``) where the first NaN/Inf appeared; ``capture`` is its dump folder."""
+
+    def __init__(self, message: str, capture: str | None) -> None:
+        super().__init__(message)
+        self.capture = capture
+
+
+class NanCheck:
+    """Finds the first non-finite module output / gradient (or op output) and reports it."""
+
+    def __init__(self, root: str, *, action: str = "continue", granularity: str = "module", backward: bool = True,
+                 limit: int = 1) -> None:
+        self.root, self.action, self.granularity, self.backward = root, action, granularity, backward
+        self.limit = limit  # findings reported in all (0: one per step, without end)
+        self.findings: list[dict[str, Any]] = []
+        self._step_reported = -1
+        self._last_checked: Any = None
+        self._finite: dict[tuple[int, int, int], Any] = {}  # (address, numel, version) → weakref, this step
+        self._finite_step = -1
+        self._links = GradLinks()
+        self._native: Any = None  # the C++ module hook (native_nan), where it is built
+        self._outputs_read = self._gradients_read = 0  # in Python; see outputs_read, gradients_read
+        self._handles: list[Any] = []  # removable handles and autograd wrappers
+        self._subs: list[Subscription] = []
+        self._demand: Any = None
+        self._lock = threading.Lock()
+
+    def install(self) -> NanCheck:
+        self._demand = tracker.require("NaN/Inf check")  # findings name their step; one report per step
+        # The module wrapper (installed for this subscriber) gives the scope names findings report.
+        self._subs.append(bus.subscribe(Event.MODULE_ENTER, keep_scopes))
+        if self.granularity == "op":
+            self._subs.append(bus.subscribe(Event.OP_OUTPUT, self._on_op))
+        else:
+            self._native = native_nan.module_check(
+                suppression=SUPPRESSION, tracker=tracker, preserving=FINITE_PRESERVING,
+                elementwise=ELEMENTWISE_BACKWARD, pools=frozenset(MAX_POOLS), pool_preserves=preserves_in_backward,
+                slow=self._on_module, report=self._report_output, grad_report=self._check_gradient,
+                backward=self.backward)
+            hook = self._on_module if self._native is None else self._native.on_module
+            self._handles.append(torch.nn.modules.module.register_module_forward_hook(hook))
+            if self.backward:
+                settle = self._settle if self._native is None else self._native.settle
+                self._handles += [AutogradCall(torch.autograd, "backward", on_start=settle),
+                                  AutogradCall(torch.autograd, "grad", on_start=settle)]
+        return self
+
+    def remove(self) -> None:
+        if self._native is not None:
+            self._native.disable()  # gradient hooks still to run stay inert
+        if self._demand is not None:
+            self._demand.remove()
+            self._demand = None
+        for handle in self._handles:
+            if isinstance(handle, AutogradCall):
+                handle.unwrap()
+            else:
+                handle.remove()
+        for sub in self._subs:
+            sub.remove()
+        self._handles, self._subs = [], []
+
+    @property
+    def done(self) -> bool:
+        return bool(self.limit) and len(self.findings) >= self.limit
+
+    @property
+    def outputs_read(self) -> int:
+        """Module outputs read so far (module granularity): what the finite-preserving modules save shows here."""
+        return self._outputs_read + (self._native.outputs_read if self._native is not None else 0)
+
+    @property
+    def gradients_read(self) -> int:
+        """Gradients read so far (in backward, module granularity): what the gradient links save shows here."""
+        return self._gradients_read + (self._native.gradients_read if self._native is not None else 0)
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def _on_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if SUPPRESSION.depth or self.done or self._step_reported == tracker.step:
+            return
+        stack = SUPPRESSION.stack
+        scope = stack[-1] if stack else type(module).__name__
+        if self._finite_step != tracker.step:
+            self._finite.clear()
+            self._links.new_step()
+            self._finite_step = tracker.step
+        derived = type(module) in FINITE_PRESERVING and self._all_finite(args)
+        watched = None
+        for where, tensor in _tensors_of(output, "args[0]"):
+            # A container's output, a flatten: the same elements are checked once.  The last tensor checked must
+            # still be alive, or its memory could hold another tensor at the same address.
+            key = (tensor.data_ptr(), tensor.numel(), tensor._version)
+            last = self._last_checked
+            if last is not None and last[1] == key and last[0]() is not None:
+                continue
+            self._last_checked = (weakref.ref(tensor), key)
+            if not derived:
+                self._outputs_read += 1
+                counts = nonfinite_counts(tensor)
+                if counts is not None:
+                    self._found("forward", "module", scope, type(module).__name__, counts, where,
+                                [("inputs", list(tensors_in(args))), ("outputs", [(where, tensor)])])
+                    return
+            if len(self._finite) < _KNOWN_MAX:
+                self._finite[key] = weakref.ref(tensor)
+            if watched is None and self.backward and tensor.requires_grad:
+                watched = tensor
+        if watched is not None:
+            watch = self._links.watch(watched, self._grad_hook(scope, type(module).__name__))
+            if preserves_in_backward(module):
+                self._links.cover(args, watched, watch)
+
+    def _all_finite(self, args: Any) -> bool:
+        """Whether every tensor of ``args`` was found finite in this step and is unchanged since (same memory,
+        size and version, still alive)."""
+        found = False
+        for _, tensor in _tensors_of(args[0], "") if len(args) == 1 else tensors_in(args):
+            ref = self._finite.get((tensor.data_ptr(), tensor.numel(), tensor._version))
+            if ref is None or ref() is None:
+                return False
+            found = True
+        return found
+
+    def _settle(self, roots: Any) -> None:
+        if not self.done:
+            self._links.settle(roots)
+
+    def _grad_hook(self, scope: str, op: str) -> Any:
+        return lambda grad: self._check_gradient(scope, op, grad)
+
+    def _check_gradient(self, scope: str, op: str, grad: torch.Tensor) -> None:
+        """The gradient reaching ``scope``'s output (the native hooks call this when their gate fails)."""
+        if self.done or self._step_reported == tracker.step:
+            return
+        self._gradients_read += 1
+        counts = nonfinite_counts(grad)
+        if counts is not None:
+            self._found("backward", "module", scope, op, counts, "gradient of the output",
+                        [("gradients", [("grad_output", grad)])])
+
+    def _report_output(self, module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
+        """The native hook found ``output`` (one tensor) not finite."""
+        counts = nonfinite_counts(output)
+        if counts is not None:
+            stack = SUPPRESSION.stack
+            self._found("forward", "module", stack[-1] if stack else type(module).__name__, type(module).__name__,
+                        counts, "args[0]", [("inputs", list(tensors_in(args))), ("outputs", [("args[0]", output)])])
+
+    def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
+        if self.done or self._step_reported == tracker.step or name.startswith(UNINITIALISED_OPS):
+            return
+        for where, tensor in tensors_in((output,)):
+            counts = nonfinite_counts(tensor)
+            if counts is not None:
+                stack = SUPPRESSION.stack
+                scope = stack[-1] if stack else ""
+                phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+                self._found(phase, "op", scope, name, counts, where,
+                            [("inputs", list(tensors_in(args, kwargs))), ("outputs", [(where, tensor)])])
+                return
+
+    # -- reporting ------------------------------------------------------------------------------
+    def _found(self, phase: str, kind: str, scope: str, op: str, counts: tuple[int, int, int], where: str,
+               groups: list[tuple[str, Any]]) -> None:
+        with self._lock:
+            if self.done or self._step_reported == tracker.step:
+                return
+            self._step_reported = tracker.step
+            if self._native is not None:
+                self._native.reported_step = tracker.step
+            place = f"{scope}/{op}" if kind == "op" else scope
+            finding = {"phase": phase, "kind": kind, "scope": scope, "op": op, "step": tracker.step, "where": where,
+                       "nan": counts[0], "pos_inf": counts[1], "neg_inf": counts[2], "rank": rank()}
+            message = (f"first NaN/Inf in {phase} at {place} (step {tracker.step}, {where}): {counts[0]} NaN, "
+                       f"{counts[1]} +Inf, {counts[2]} -Inf")
+            capture = None
+            try:
+                with suppressed():
+                    capture = write_capture(self.root, finding["rank"], "nan_check", place,
+                                            {**finding, "message": message,
+                                             "python_stack": python_stack(None, sys._getframe(2))},
+                                            groups, "NaN/Inf dump")
+            except Exception as exc:
+                report_internal_error("nan_check write", exc)
+            finding["capture"] = capture
+            self.findings.append(finding)
+            if self._native is not None and self.done:
+                self._native.disable()
+        bus.emit(Event.FAULT, "nan_inf", place, None)
+        if self.action == "raise":
+            raise NonFiniteError(message, capture)

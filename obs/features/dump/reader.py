@@ -1,0 +1,320 @@
+"""Reading a data dump (MindSpore's layout): steps × ops × tensors and statistics, for notebooks and the CLI.
+
+``DumpReader(path)`` takes the dump's ``path`` (the folder of ``rank_*``), a rank folder, or one
+iteration folder.  Like MindInsight's ``DumpAnalyzer`` it lists and selects; it never loads a tensor
+until asked (:meth:`TensorFile.load`).  Pure: files in, dataclasses and numpy arrays out; files are
+opened without following symlinks (:mod:`obs._core.safe_files`), ``.npy`` files never unpickle.
+
+Errors: a folder with no dump in it is :class:`NotOurFileError`; a damaged ``statistic.csv`` or
+``.npy`` is :class:`DamagedFileError` naming the file and the byte offset.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from obs._core import safe_files
+from obs._core.errors import DamagedFileError, NotOurFileError
+from obs.settings.dump_config import CATEGORY_COLUMNS
+from obs.features.dump.statistic_csv import FIXED_COLUMNS
+
+__all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "TensorKey", "load_npy", "parse_tensor_name",
+           "read_statistic_csv"]
+
+_MAX_CSV = 1 << 30  # a statistic.csv larger than this is not one of ours
+_COLUMN_KEYS = {column: key for key, column in reversed(CATEGORY_COLUMNS.items())}
+_COLUMN_KEYS.update({"NaN Count": "nan count", "Nan Count": "nan count", "L2 Value": "l2norm"})
+
+
+@dataclass(frozen=True)
+class Step:
+    """One iteration folder: ``{path}/rank_{rank}/{net}/{graph}/{iteration}``."""
+
+    rank: int
+    net: str
+    graph: int
+    iteration: int
+    path: str
+
+
+@dataclass(frozen=True)
+class TensorKey:
+    """What names one dumped tensor, in a file name and in a statistic.csv row alike."""
+
+    op_type: str
+    op_name: str
+    task_id: int
+    stream_id: int
+    timestamp: int
+    io: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class TensorFile(TensorKey):
+    """One dumped tensor, from its file name (nothing read yet)."""
+
+    format: str = "DefaultFormat"
+    dtype: str = ""
+    path: str = ""
+    step: Step | None = None
+
+    def load(self) -> np.ndarray:
+        """The array (opened without following symlinks; no pickles; the header must match the file's size)."""
+        return load_npy(self.path)
+
+
+def load_npy(path: str) -> np.ndarray:
+    """A ``.npy`` file's array, checked before anything is allocated: a header that promises more (or less) data
+    than the file holds, an object dtype or a bad header is :class:`DamagedFileError` with the byte offset."""
+    data = safe_files.read_private(path)
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize errors, ...
+        raise DamagedFileError(f"{path}: not a readable .npy header ({exc})", path=path, offset=0) from None
+    start = stream.tell()
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise DamagedFileError(f"{path}: .npy dtype {dtype} holds no plain data", path=path, offset=start)
+    count = 1
+    for dim in shape:
+        count *= dim
+    if count * dtype.itemsize != len(data) - start:
+        raise DamagedFileError(f"{path}: the header at byte 0 promises {count * dtype.itemsize} bytes of "
+                               f"{dtype} {shape} but {len(data) - start} follow it (byte offset {start})", path=path,
+                               offset=start)
+    array = np.frombuffer(data, dtype=dtype, count=count, offset=start)
+    return array.reshape(shape, order="F" if fortran else "C")
+
+
+@dataclass(frozen=True)
+class StatRow(TensorKey):
+    """One row of ``statistic.csv``; ``stats`` maps the category (``"max"``, ``"l2norm"``) to its value."""
+
+    data_size: int = 0
+    data_type: str = ""
+    shape: tuple[int, ...] = ()
+    stats: dict[str, Any] = field(default_factory=dict)
+    step: Step | None = None
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One exception_dump / nan_check folder and its ``meta.json``."""
+
+    kind: str
+    path: str
+    meta: dict[str, Any]
+
+
+_NAME = re.compile(r"([^.]+)\.([^.]+)\.(\d+)\.(\d+)\.(\d+)\.(input|output)\.(\d+)\.([^.]+)\.([^.]+)\.npy")
+
+
+def parse_tensor_name(name: str) -> tuple[str, str, int, int, int, str, int, str, str] | None:
+    """The fields of a tensor file name ``{type}.{name}.{task}.{stream}.{us}.{io}.{slot}.{format}.{dtype}.npy``."""
+    m = _NAME.fullmatch(name)
+    if m is None:
+        return None
+    g = m.groups()
+    return g[0], g[1], int(g[2]), int(g[3]), int(g[4]), g[5], int(g[6]), g[7], g[8]
+
+
+def _value(text: str) -> Any:
+    if text == "null" or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text  # MD5 / SHA1
+
+
+def read_statistic_csv(path: str, step: Step | None = None) -> list[StatRow]:
+    """The rows of one ``statistic.csv``; a file that is not one is NotOurFileError, a bad row DamagedFileError."""
+    data = safe_files.read_private(path, limit=_MAX_CSV + 1)
+    if len(data) > _MAX_CSV:
+        raise NotOurFileError(f"{path}: larger than {_MAX_CSV} bytes; not a statistic.csv obs reads", path=path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DamagedFileError(f"{path}: not UTF-8 text at byte offset {exc.start}", path=path,
+                               offset=exc.start) from None
+    header, _, body = text.partition("\n")
+    columns = header.rstrip("\r").split(",")
+    if tuple(columns[:10]) != FIXED_COLUMNS:
+        raise NotOurFileError(f"{path}: not a statistic.csv (its first line is not the 10 fixed columns "
+                              f"{','.join(FIXED_COLUMNS)})", path=path)
+    extra = columns[10:]
+    unknown = [c for c in extra if c not in _COLUMN_KEYS]
+    if unknown:
+        raise DamagedFileError(f"{path}: unknown statistic column {unknown[0]!r} in the header", path=path, offset=0)
+    keys = [_COLUMN_KEYS[c] for c in extra]
+    rows: list[StatRow] = []
+    offset = len(header) + 1
+    for line in body.splitlines(keepends=True):
+        start, offset = offset, offset + len(line.encode("utf-8"))
+        if not line.strip():
+            continue
+        try:
+            fields = next(csv.reader([line]))
+            if len(fields) != 10 + len(keys):
+                raise ValueError(f"{len(fields)} fields where the header has {10 + len(keys)}")
+            shape_text = fields[9].strip()
+            if not (shape_text.startswith("(") and shape_text.endswith(")")):
+                raise ValueError(f"shape {shape_text!r} is not like (2,3)")
+            inner = shape_text[1:-1].strip().rstrip(",")
+            shape = tuple(int(d) for d in inner.split(",")) if inner else ()
+            if fields[5] not in ("input", "output"):
+                raise ValueError(f"IO {fields[5]!r} is neither input nor output")
+            rows.append(StatRow(fields[0], fields[1], int(fields[2]), int(fields[3]), int(fields[4]), fields[5],
+                                int(fields[6]), int(fields[7]), fields[8], shape,
+                                {k: _value(v) for k, v in zip(keys, fields[10:])}, step))
+        except (ValueError, csv.Error) as exc:
+            raise DamagedFileError(f"{path}: bad row at byte offset {start}: {exc}", path=path,
+                                   offset=start) from None
+    return rows
+
+
+def _int_dirs(path: str) -> list[tuple[int, str]]:
+    out = []
+    try:
+        names = os.listdir(path)
+    except (NotADirectoryError, FileNotFoundError, PermissionError):
+        return []
+    for name in names:
+        full = os.path.join(path, name)
+        if name.isdigit() and os.path.isdir(full) and not os.path.islink(full):
+            out.append((int(name), full))
+    return sorted(out)
+
+
+class DumpReader:
+    """Iterates a dump: :meth:`steps`, :meth:`tensors`, :meth:`statistics`, :meth:`select`, :meth:`captures`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        if not os.path.isdir(self.path):
+            raise FileNotFoundError(f"{path}: no such folder")
+        self._steps = self._find_steps()
+        self._captures = self._find_captures()
+        if not self._steps and not self._captures:
+            raise NotOurFileError(f"{path}: no data dump here (no rank_*/NET/GRAPH/ITERATION folders, "
+                                  "no exception_dump or nan_check folders)", path=path)
+
+    # -- layout -------------------------------------------------------------------------------
+    def _rank_dirs(self) -> list[tuple[int, str]]:
+        base = os.path.basename(self.path)
+        if re.fullmatch(r"rank_\d+", base):
+            return [(int(base[5:]), self.path)]
+        out = []
+        for name in sorted(os.listdir(self.path)):
+            full = os.path.join(self.path, name)
+            if re.fullmatch(r"rank_\d+", name) and os.path.isdir(full) and not os.path.islink(full):
+                out.append((int(name[5:]), full))
+        return out
+
+    def _find_steps(self) -> list[Step]:
+        # One iteration folder given directly: {..}/rank_r/net/graph/iteration
+        parts = self.path.split(os.sep)
+        if len(parts) >= 4 and parts[-1].isdigit() and parts[-2].isdigit() and re.fullmatch(r"rank_\d+", parts[-4]):
+            return [Step(int(parts[-4][5:]), parts[-3], int(parts[-2]), int(parts[-1]), self.path)]
+        steps = []
+        for rank, rank_dir in self._rank_dirs():
+            for net in sorted(os.listdir(rank_dir)):
+                net_dir = os.path.join(rank_dir, net)
+                if net.startswith(".") or net in ("execution_order", "graphs", "exception_dump", "nan_check") or \
+                        not os.path.isdir(net_dir) or os.path.islink(net_dir):
+                    continue
+                for graph, graph_dir in _int_dirs(net_dir):
+                    for iteration, step_dir in _int_dirs(graph_dir):
+                        steps.append(Step(rank, net, graph, iteration, step_dir))
+        return steps
+
+    def _find_captures(self) -> list[Capture]:
+        out = []
+        for _, rank_dir in self._rank_dirs():
+            for kind in ("exception_dump", "nan_check"):
+                folder = os.path.join(rank_dir, kind)
+                if not os.path.isdir(folder):
+                    continue
+                for name in sorted(os.listdir(folder)):
+                    meta_path = os.path.join(folder, name, "meta.json")
+                    if name.startswith(".") or not os.path.isfile(meta_path):
+                        continue
+                    try:
+                        meta = json.loads(safe_files.read_private(meta_path, limit=1 << 24))
+                    except (ValueError, OSError):
+                        meta = {"unreadable": True}
+                    out.append(Capture(kind, os.path.join(folder, name), meta if isinstance(meta, dict) else {}))
+        return out
+
+    # -- listing ------------------------------------------------------------------------------
+    def steps(self, *, rank: int | None = None, net: str | None = None) -> list[Step]:
+        return [s for s in self._steps if (rank is None or s.rank == rank) and (net is None or s.net == net)]
+
+    def iterations(self) -> list[int]:
+        return sorted({s.iteration for s in self._steps})
+
+    def captures(self) -> list[Capture]:
+        """exception_dump and nan_check folders, oldest first per kind."""
+        return list(self._captures)
+
+    def tensors(self, step: Step | None = None) -> Iterator[TensorFile]:
+        """Tensor files of one step (or all), in the order they were written (their timestamps)."""
+        for s in [step] if step is not None else self._steps:
+            found = []
+            for name in os.listdir(s.path):
+                fields = parse_tensor_name(name)
+                if fields is not None:
+                    found.append(TensorFile(*fields, path=os.path.join(s.path, name), step=s))
+            yield from sorted(found, key=lambda t: (t.timestamp, t.io, t.slot))
+
+    def statistics(self, step: Step | None = None) -> Iterator[StatRow]:
+        """Rows of ``statistic.csv`` of one step (or all), in execution order."""
+        for s in [step] if step is not None else self._steps:
+            path = os.path.join(s.path, "statistic.csv")
+            if os.path.exists(path):
+                yield from read_statistic_csv(path, s)
+
+    def select(self, query: str = "", *, use_regex: bool = True, iterations: list[int] | None = None,
+               ranks: list[int] | None = None, slots: list[int] | None = None,
+               io: str | None = None) -> list[TensorFile]:
+        """Tensors whose op name matches ``query`` (a regex, or a substring), like DumpAnalyzer.select_tensors."""
+        pattern = re.compile(query) if use_regex and query else None
+        out = []
+        for s in self._steps:
+            if (iterations is not None and s.iteration not in iterations) or (ranks is not None and s.rank not in ranks):
+                continue
+            for t in self.tensors(s):
+                name_ok = pattern.search(t.op_name) if pattern else query in t.op_name
+                if name_ok and (slots is None or t.slot in slots) and (io is None or t.io == io):
+                    out.append(t)
+        return out
+
+    def execution_order(self, rank: int = 0, graph: int = 0) -> list[str]:
+        """Op full names of the last dumped step, in execution order (``execution_order/``)."""
+        for r, rank_dir in self._rank_dirs():
+            if r == rank:
+                path = os.path.join(rank_dir, "execution_order", f"ms_execution_order_graph_{graph}.csv")
+                if os.path.exists(path):
+                    lines = safe_files.read_private(path).decode("utf-8", "replace").splitlines()
+                    return lines[1:]
+        return []

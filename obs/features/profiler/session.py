@@ -1,0 +1,247 @@
+"""One profiling session in the training process: a profile ring, the subscriptions that fill it, the exporter.
+
+The training thread only writes timestamps into slots of a memory-mapped ring (the recorder's format
+and writer; module and op events through the recorder's C hot path): no span object, encoding or
+socket lives here.  The exporter process (``python -m exporters``) reads the ring as it fills; it ends
+when :meth:`ProfileSession.close` closes its stdin pipe, or when this process dies (the pipe closes;
+the ring on disk keeps the last steps for it).  Where no process can be started, the exporter runs on
+a thread here instead (it then competes with training for the GIL), and says so once.
+
+Files: ``{output}/rank_{r}/profile_{pid}_{n}.obsring`` while it runs (removed by the exporter), the
+trace files and ``status_{pid}.json`` (counts, drops, the summary) written by the exporter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from obs._core import outputs, safe_files
+from obs._core.events import Event, Subscription, bus
+from obs.settings.profiler_options import ProfileRequest
+
+__all__ = ["ProfileSession"]
+
+logger = logging.getLogger("obs")
+
+_PHASES = {"data": 0, "forward": 1, "backward": 2, "optimizer": 3}
+_EXIT_WAIT_S = 15.0
+_fallback_said = False
+
+
+def _capacity(levels: tuple[str, ...]) -> dict[str, int]:
+    return {"step": 16384, "module": 131072 if "task_trace" in levels else 16,
+            "op": 262144 if "op_trace" in levels else 16, "memory": 16, "collective": 16, "blob": 16}
+
+
+class ProfileSession:
+    """Records one request's events into a fresh ring and runs its exporter until :meth:`close`."""
+
+    _serial = 0
+
+    def __init__(self, request: ProfileRequest, *, rank: int, world_size: int, run_id: str,
+                 versions: dict[str, str], rank_known: bool = True) -> None:
+        from recorder.ring import RingWriter
+
+        ProfileSession._serial += 1
+        self.request, self.rank = request, rank
+        self.step = 0  #: stamped into module slots by the Python handlers
+        self.pid = os.getpid()
+        # A process whose rank is a guess (spawned before init_process_group) never shares a rank's folder.
+        self.folder = os.path.join(request.output, f"rank_{rank}" if rank_known else f"rank_unresolved-{self.pid}")
+        self.identity_known = False  #: set_identity() ran (or the launcher told rank and run id up front)
+        safe_files.ensure_dir(self.folder)
+        self.ring_path = os.path.join(self.folder, f"profile_{self.pid}_{ProfileSession._serial}.obsring")
+        self.ring = RingWriter(self.ring_path, _capacity(request.levels), pid=self.pid, rank=rank,
+                               world_size=world_size,
+                               meta={"run_id": run_id, "host": socket.gethostname(), "versions": versions,
+                                     "profile": list(request.levels), "argv": sys.argv[:4]})
+        self.status_path = os.path.join(self.folder, f"status_{self.pid}.json")
+        self._subs: list[Subscription] = []
+        self._writers: list[Any] = []
+        self._process: subprocess.Popen[bytes] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.status: dict[str, Any] | None = None
+        try:
+            self._subscribe()
+            self._start_exporter()
+        except BaseException:
+            self._unsubscribe()
+            self.ring.close(remove=True)
+            raise
+
+    def set_identity(self, run_id: str, rank: int, world_size: int) -> None:
+        """The job's run id and this rank, agreed after init_process_group: the exporter applies them from here."""
+        from recorder.layout import Kind
+
+        self.identity_known = True
+        if not self.ring.closed:
+            self.ring.blob(Kind.MARKER, {"marker": "identity", "run_id": run_id, "rank": rank,
+                                         "world_size": world_size})
+
+    # -- recording ----------------------------------------------------------------------------
+    def _subscribe(self) -> None:
+        from obs.runtime.steps import tracker
+        from recorder.layout import Kind
+
+        step_ring = self.ring.appender("step")
+        begin, end, phase = int(Kind.STEP_BEGIN), int(Kind.STEP_END), int(Kind.PHASE)
+        writers, me = self._writers, self
+
+        def on_step_begin(number: int) -> None:
+            me.step = number
+            for writer in writers:
+                writer.step = number
+            step_ring(begin, 0, 0, number, 0, 0)
+
+        def on_step_end(number: int, duration_ns: int) -> None:
+            step_ring(end, 0, 0, number, duration_ns, 0)
+
+        def on_phase(name: str, begin_ns: int, end_ns: int) -> None:
+            step_ring(phase, 0, _PHASES.get(name, 9), tracker.step, begin_ns, end_ns)
+
+        add = self._subs.append
+        add(bus.subscribe(Event.STEP_BEGIN, on_step_begin))
+        add(bus.subscribe(Event.STEP_END, on_step_end))
+        add(bus.subscribe(Event.PHASE, on_phase))
+        if "task_trace" in self.request.levels or "op_trace" in self.request.levels:
+            self._subscribe_hot("module")  # op_trace names each op's module
+        if "op_trace" in self.request.levels:
+            self._subscribe_hot("op")
+
+    def _subscribe_hot(self, ring: str) -> None:
+        from recorder.handlers import hotpath, module_handlers, op_handler
+
+        hot = hotpath()
+        if ring == "module":
+            enter, exit_, writer = module_handlers(self.ring, hot, self)
+            self._subs.append(bus.subscribe(Event.MODULE_ENTER, enter))
+            self._subs.append(bus.subscribe(Event.MODULE_EXIT, exit_))
+        else:
+            handler, writer = op_handler(self.ring, hot)
+            self._subs.append(bus.subscribe(Event.OP, handler))
+        if writer is not None:
+            self._writers.append(writer)
+
+    def pause(self) -> None:
+        """Stop recording (every hook it needed goes, when nothing else needs it); the exporter stays."""
+        self._unsubscribe()
+
+    def resume(self) -> None:
+        """Record again after :meth:`pause`."""
+        if not self._subs and not self.ring.closed:
+            self._subscribe()
+
+    def _unsubscribe(self) -> None:
+        from recorder.handlers import unsubscribe
+
+        unsubscribe(self._subs, self._writers)
+
+    # -- the exporter ---------------------------------------------------------------------------
+    def _config(self) -> Any:
+        from exporters.sidecar import ExportConfig
+
+        r = self.request
+        return ExportConfig(ring=self.ring_path, folder=self.folder, levels=r.levels, endpoint=r.endpoint,
+                            protocol=r.protocol, steps=r.steps, span_budget=r.span_budget,
+                            module_depth=r.module_depth, max_file_mb=r.max_file_mb, trainer_pid=self.pid)
+
+    def _start_exporter(self) -> None:
+        config = self._config()
+        # The exporter imports obs (safe_files): it must not turn on obs's features from the trainer's variables.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "MINDSPORE_", "OBS_CONFIG"))}
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            self._process = subprocess.Popen([sys.executable, "-m", "exporters", "--config", config.to_json()],
+                                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
+                                             start_new_session=True, close_fds=True)
+        except OSError as exc:
+            self._start_thread(config, exc)
+            return
+        _off_training_cores(self._process.pid)
+
+    def _start_thread(self, config: Any, why: BaseException) -> None:
+        global _fallback_said
+        from exporters.sidecar import run
+
+        if not _fallback_said:
+            _fallback_said = True
+            logger.warning("obs profiler: no exporter process could be started (%s); exporting on a thread of the "
+                           "training process instead, which competes with training for the GIL", why)
+        stop = self._stop
+
+        def alive(timeout: float) -> bool:
+            return not stop.wait(timeout)
+
+        self._thread = threading.Thread(target=run, args=(config, alive), name="obs-profile-exporter", daemon=True)
+        self._thread.start()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def detach(self) -> None:
+        """In a forked child (a DataLoader worker): let go of the parent's ring and pipe, touching neither."""
+        self._unsubscribe()
+        self.ring.abandon()
+        process, self._process = self._process, None
+        if process is not None and process.stdin is not None:
+            try:
+                os.close(process.stdin.fileno())
+            except OSError:
+                pass
+        self._thread = None
+
+    def close(self, *, wait_s: float = _EXIT_WAIT_S) -> dict[str, Any] | None:
+        """Stop recording, let the exporter drain the ring and end; the exporter's status (None if it did not
+        end within ``wait_s``)."""
+        self._unsubscribe()
+        if not self.ring.closed:
+            self.ring.close(remove=False)  # the exporter reads the file to the end, then removes it
+        deadline = time.monotonic() + wait_s
+        if self._process is not None:
+            if self._process.stdin is not None:
+                try:
+                    self._process.stdin.close()
+                except OSError:
+                    pass
+            try:
+                self._process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return None
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+            if self._thread.is_alive():
+                return None
+        self.status = _read_status(self.status_path)
+        if self.status is not None:
+            for path in self.status.get("files", []):
+                if os.path.exists(path):
+                    outputs.wrote("trace", path)
+        return self.status
+
+
+def _off_training_cores(pid: int) -> None:
+    """A trainer pinned to some cores keeps them: its exporter runs on the others (when there are any)."""
+    try:
+        mine, every = os.sched_getaffinity(0), set(range(os.cpu_count() or 1))
+        others = every - mine
+        if others:
+            os.sched_setaffinity(pid, others)
+    except (AttributeError, OSError):
+        pass
+
+
+def _read_status(path: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(safe_files.read_private(path, limit=1 << 24))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,251 @@
+"""The Running Data Recorder, wired to the settings: ``env_config_path`` rdr section, ``MS_RDR_*``, op_timeout.
+
+``obs.features.rdr.dump(reason)`` writes a bundle now; ``obs.features.rdr.recorder()`` is the live recorder (or None);
+``obs.features.rdr.recover(path)`` turns the rings of dead processes into bundles.  The recorder follows
+the settings in force: set_context, hot reloads of the file (applied at a step boundary on the
+training thread), reset_context (which closes it without dumping).  ``recorder`` is imported
+lazily so ``import obs`` stays light.
+
+Where files go: ``{rdr.path}/rank_{r}/rdr/``; an unset ``rdr.path`` is the current folder (as in
+the original).  A run that ends cleanly with nothing to report leaves nothing behind there: no
+ring, no marker, no folder obs created.  A rank whose rank is not known yet (started by
+``torch.multiprocessing.spawn``, no ``RANK``) records under ``rank_unresolved-{pid}`` until
+``init_process_group`` has run, then moves under ``rank_{r}``: two ranks never share a folder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from obs._core.errors import ObsError
+from obs.features import env_config as env_feature
+from obs.settings._context import get_context, snapshot
+from obs.settings.parallel import agree_run_id, launcher_run_id, rank, world_size
+
+if TYPE_CHECKING:
+    from recorder.recorder import RdrConfig, Recorder
+    from recorder.triggers import Triggers
+
+__all__ = ["RdrFeature", "dump", "feature", "recorder", "recover", "start_from_environment"]
+
+#: this process's proposal for the job's run id, until the ranks agree on one (see :func:`_run_id`)
+_PROPOSAL = uuid.uuid4().hex[:12]
+_agreed: list[str] = []  # the agreed run id, once known
+
+
+def _run_id() -> tuple[str, bool]:
+    """(run id, whether it is the job's): the launcher's id, the one the ranks agreed on, or this process's
+    proposal until torch.distributed is up (torchrun says ``none`` without ``--rdzv-id``)."""
+    given = launcher_run_id()
+    if given is not None:
+        return given, True
+    if _agreed:
+        return _agreed[0], True
+    return _PROPOSAL, False
+
+
+def _versions() -> dict[str, str]:
+    import platform
+    from importlib import metadata
+
+    from obs._core.version import __version__
+
+    torch = sys.modules.get("torch")
+    try:
+        torch_version = torch.__version__ if torch is not None else metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return {"obs": __version__, "python": platform.python_version(), "torch": str(torch_version)}
+
+
+def _settings() -> dict[str, Any]:
+    return {"context": {k: v for k, v in snapshot().items()}, "env_config": env_feature.env_config()}
+
+
+class RdrFeature:
+    """Starts, reconfigures and stops the recorder to match the settings in force."""
+
+    keys = frozenset({"env_config_path", "op_timeout"})
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.recorder: Recorder | None = None
+        self.triggers: Triggers | None = None
+        self._run_id_known = True
+        env_feature.feature.listeners.append(self.sync)
+
+    def prepare(self, values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
+        return None  # the env config file is checked by its own applier, which runs first
+
+    def commit(self, prepared: None, values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
+        self.sync()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def desired(self) -> RdrConfig | None:
+        rdr = env_feature.env_config()["rdr"]
+        if not rdr["enable"]:
+            return None
+        from recorder.layout import DEFAULT_CAPACITY
+        from recorder.recorder import RdrConfig
+
+        return RdrConfig(path=rdr["path"], mode=rdr["mode"], granularity=rdr["granularity"],
+                         capacity={**DEFAULT_CAPACITY, **rdr["capacity"]}, op_timeout=get_context("op_timeout"),
+                         hang_action=rdr["hang_action"])
+
+    def sync(self) -> None:
+        """Bring the recorder in line with the settings (start, restart on a new layout, or stop)."""
+        with self._lock:
+            want = self.desired()
+            have = self.recorder.config if self.recorder is not None else None
+            if want == have:
+                return
+            if want is not None and have is not None and (want.path, want.granularity, want.capacity) == \
+                    (have.path, have.granularity, have.capacity):
+                self._retune(want)
+                return
+            self._stop(keep_signals=want is not None)  # a restart keeps the signal relay as it is
+            if want is not None:
+                self._start(want)
+
+    def _start(self, config: RdrConfig) -> None:
+        from obs.runtime.steps import tracker
+        from recorder.recorder import Recorder
+        from recorder.triggers import Triggers
+
+        run_id, self._run_id_known = _run_id()
+        self.recorder = Recorder(config, rank=rank(), world_size=world_size(), run_id=run_id, settings=_settings,
+                                 versions=_versions(), rank_known=_rank_known())
+        if config.granularity != "off":  # collectives are recorded: those PyTorch issued from C++ too
+            self.recorder.amend_files = _flight_recorder_collectives
+        self.triggers = Triggers(self.recorder, mode=config.mode, op_timeout=config.op_timeout,
+                                 hang_action=config.hang_action).install()
+        if (not self.recorder.rank_known or not self._run_id_known) and self.check_rank not in tracker.at_boundary:
+            tracker.at_boundary = tracker.at_boundary + (self.check_rank,)
+
+    def check_rank(self) -> None:
+        """Once torch.distributed is initialised: move a recorder started before it under its real rank, and
+        agree on the job's run id with the other ranks."""
+        live = self.recorder
+        if live is None or (live.rank_known and self._run_id_known):
+            self._unhook_rank_check()
+            return
+        if _distributed_ready():
+            if not self._run_id_known:
+                agreed = agree_run_id(_PROPOSAL)
+                if agreed is not None:
+                    _agreed[:] = [agreed]
+                    self._run_id_known = True
+                    live.set_run_id(agreed)
+            if not live.rank_known:
+                live.resolve_rank(rank(), world_size())
+            if live.rank_known and self._run_id_known:
+                self._unhook_rank_check()
+
+    def _unhook_rank_check(self) -> None:
+        from obs.runtime.steps import tracker
+
+        tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.check_rank)
+
+    def _retune(self, config: RdrConfig) -> None:
+        assert self.recorder is not None and self.triggers is not None
+        self.recorder.config = config
+        self.triggers.stop_watchdog()
+        self.triggers.mode, self.triggers.op_timeout = config.mode, config.op_timeout
+        self.triggers.hang_action = config.hang_action
+        self.triggers.start_watchdog()
+
+    def _after_fork(self) -> None:
+        """A forked child (a DataLoader worker) does not record: it lets go of the parent's recorder."""
+        self._lock = threading.RLock()
+        if self.triggers is not None:
+            self.triggers.detach()
+            self.triggers = None
+        if self.recorder is not None:
+            self.recorder.detach()
+            self.recorder = None
+        if "recorder.signals" in sys.modules:
+            sys.modules["recorder.signals"].after_fork_in_child()
+
+    def _stop(self, *, keep_signals: bool = False) -> None:
+        if self.triggers is not None:
+            self.triggers.uninstall()
+            self.triggers = None
+        if self.recorder is not None:
+            self.recorder.close(clean_exit=True)
+            self.recorder = None
+        self._unhook_rank_check()
+        if not keep_signals and "recorder.signals" in sys.modules:
+            # Only on the main thread; elsewhere the relay stays, with no recorder behind it.
+            sys.modules["recorder.signals"].uninstall_relay()
+
+
+def _flight_recorder_collectives(files: dict[str, Any]) -> None:
+    """The collectives PyTorch's Flight Recorder holds that obs did not record (DDP's buckets) into a bundle."""
+    if "torch.distributed" in sys.modules:
+        from obs.runtime.torch._flight_recorder import add_to_bundle
+
+        add_to_bundle(files)
+
+
+def _distributed_ready() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def _rank_known() -> bool:
+    """Whether :func:`rank` is more than a guess: torch.distributed, ``global_rank``, or ``$RANK``."""
+    from obs.settings import parallel
+
+    # parallel has no public "was global_rank set" (its getter returns the default 0 either way)
+    return _distributed_ready() or bool(os.environ.get("RANK")) or "global_rank" in parallel._auto.values
+
+
+feature = RdrFeature()
+os.register_at_fork(after_in_child=feature._after_fork)
+
+
+def start_from_environment() -> None:
+    """At import: ``MS_RDR_ENABLE=1`` alone turns the recorder on; bad variables warn instead of failing import."""
+    if not os.environ.get("MS_RDR_ENABLE"):
+        return
+    try:
+        feature.sync()
+    except ObsError as exc:
+        import warnings
+
+        warnings.warn(f"Running Data Recorder not started: {exc}", env_feature.ObsConfigWarning, stacklevel=3)
+
+
+def recorder() -> Recorder | None:
+    """The running recorder, or None when RDR is off."""
+    return feature.recorder
+
+
+def dump(reason: str = "manual") -> str:
+    """Write a bundle now (``{path}/rank_{r}/rdr/{stamp}_{pid}_{reason}/``) and return its folder."""
+    feature.check_rank()
+    live = feature.recorder
+    if live is None:
+        raise ObsError("the Running Data Recorder is off: enable it with an env config file "
+                       '{"rdr": {"enable": true, "path": "/abs/dir"}} (set_context(env_config_path=...)) '
+                       "or MS_RDR_ENABLE=1")
+    path = live.dump(reason)
+    if path is None:  # called from a handler that interrupted a dump on this thread: never re-entered
+        raise ObsError("a dump is already under way on this thread (obs.rdr.dump was called from a signal "
+                       "handler during a dump); that dump goes on")
+    return path
+
+
+def recover(path: str) -> list[str]:
+    """Bundles made from the rings of dead processes under ``path`` (an rdr folder, a tree, or a ring file)."""
+    from recorder.recover import recover_rings
+
+    return recover_rings(path)
