@@ -62,7 +62,7 @@ class Exporter:
     def __init__(self, config: ExportConfig) -> None:
         from exporters.follow import RingFollower, StepAssembler
         from exporters.otlp import endpoint_from_env, protocol_from_env, resource
-        from exporters.select import parse_steps
+        from exporters.step_filter import parse_steps
         from exporters.summary import SummaryBuilder
 
         self.config = config
@@ -90,7 +90,7 @@ class Exporter:
 
             self.sender = OtlpSender(config.endpoint, self.protocol)
         else:
-            from exporters.files import ChromeTraceWriter, OtlpJsonWriter
+            from exporters.local_files import ChromeTraceWriter, OtlpJsonWriter
 
             limit = config.max_file_mb << 20
             self.jsonl = OtlpJsonWriter(config.folder, limit)

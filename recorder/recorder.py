@@ -28,9 +28,9 @@ from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
-from recorder.graphs import remove_graphs, write_graph
+from recorder.graph_texts import remove_graphs, write_graph
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
-from recorder.handlers import module_handlers, op_handler, unsubscribe
+from recorder.ring_handlers import module_handlers, op_handler, unsubscribe
 from recorder.hotpath import hotpath
 from recorder.layout import DEFAULT_CAPACITY, Kind
 from recorder.ring import RingWriter
@@ -176,7 +176,7 @@ class Recorder:
         if level >= 3:
             self._subscribe_ops()
 
-    # The module and op handlers (recorder/handlers.py) write their slot inline, through the C hot path
+    # The module and op handlers (recorder/ring_handlers.py) write their slot inline, through the C hot path
     # (recorder/_hotpath.c) when it is built; the Python ones are the fallback and the reference.
     def _subscribe_modules(self) -> None:
         enter, exit_, writer = module_handlers(self.ring, hotpath(), self)

@@ -26,7 +26,7 @@ from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle, write_json_atomic
-from recorder.graphs import read_graphs
+from recorder.graph_texts import read_graphs
 from recorder.ring_reader import read_header_file, read_ring_file
 
 __all__ = ["FATAL_LIMIT", "Recovery", "RingFile", "find_rings", "near", "recover", "recover_rings", "writer_alive"]

@@ -1,5 +1,5 @@
 """``obs trace summary PATH`` and ``obs trace export PATH --endpoint URL`` (rendering only; the readers are in
-:mod:`exporters.trace_files`, the numbers in :mod:`exporters.summary`).
+:mod:`exporters.trace_reader`, the numbers in :mod:`exporters.summary`).
 
 ``summary`` takes a ``trace.json``, a ``traces.otlp.jsonl`` or an output folder (``obs_profile``, or one
 rank's folder, whose exporter status files add the drop counts and the endpoint).  Exit 1 when spans were
@@ -24,7 +24,7 @@ EXIT_OK, EXIT_PROBLEM = 0, 1
 def load_summary(path: str) -> Any:
     """The :class:`TraceSummary` of a file or an output folder."""
     from exporters.summary import SummaryBuilder, TraceSummary, Timing
-    from exporters.trace_files import folder_files, read_status
+    from exporters.trace_reader import folder_files, read_status
 
     builder = SummaryBuilder()
     if os.path.isdir(path):
@@ -54,7 +54,7 @@ def _read_with_progress(paths: list[str]) -> list[Any]:
     """Read trace files; on a terminal, with a transient progress bar (by bytes) when there is much to read."""
     import sys
 
-    from exporters.trace_files import read_path
+    from exporters.trace_reader import read_path
 
     sizes = [os.path.getsize(p) for p in paths]
     if not sys.stderr.isatty() or sum(sizes) < 16 << 20:
@@ -140,11 +140,11 @@ def print_exit_summary(status: Mapping[str, Any]) -> None:
 def run_export(path: str, *, endpoint: str, protocol: str, as_json: bool) -> int:
     """Re-send the OTLP JSON lines of ``path`` (a file or a folder) to ``endpoint``."""
     from exporters.otlp import OtlpSender, readable_spans
-    from exporters.trace_files import iter_otlp_requests, read_otlp_jsonl, request_spans
+    from exporters.trace_reader import iter_otlp_requests, read_otlp_jsonl, request_spans
     from opentelemetry.sdk.resources import Resource
 
     if os.path.isdir(path):
-        from exporters.trace_files import folder_files
+        from exporters.trace_reader import folder_files
 
         paths = [p for p in folder_files(path)[0] if p.endswith(".jsonl")]
         if not paths:

@@ -95,7 +95,7 @@ class Steps(Validator):
     """The ``profiler.steps`` key: ``"0-100|200"``, ``""`` (every step) or N (every N-th step)."""
 
     def __call__(self, value: Any, name: str) -> Any:
-        from exporters.select import parse_steps
+        from exporters.step_filter import parse_steps
 
         try:
             parse_steps(value)

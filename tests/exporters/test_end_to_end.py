@@ -161,7 +161,7 @@ def test_a_sigkilled_trainer_still_gets_its_recorded_steps_exported(tmp_path, re
     if mode == "http":
         spans = receiver.spans()
     else:
-        from exporters.trace_files import read_otlp_jsonl
+        from exporters.trace_reader import read_otlp_jsonl
 
         spans = [{"name": s.name, "attributes": s.attributes} for s in
                  read_otlp_jsonl(str(folder / "traces.otlp.jsonl")).spans]
@@ -223,7 +223,7 @@ def test_otel_sdk_disabled_sends_nothing(tmp_path, receiver):
 def test_every_rank_of_a_step_shares_its_trace(tmp_path, rdzv):
     import socket
 
-    from exporters.trace_files import read_folder
+    from exporters.trace_reader import read_folder
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

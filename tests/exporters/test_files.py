@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from exporters.files import ChromeTraceWriter, OtlpJsonWriter, RotatingFile
+from exporters.local_files import ChromeTraceWriter, OtlpJsonWriter, RotatingFile
 from exporters.otlp import readable_spans, request_json, resource
 from exporters.spans import Phase, StepRecord, build_spans
-from exporters.trace_files import read_chrome_trace, read_folder, read_otlp_jsonl
+from exporters.trace_reader import read_chrome_trace, read_folder, read_otlp_jsonl
 
 
 def spans(step):

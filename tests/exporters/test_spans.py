@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporters.select import StepSelection, parse_steps
+from exporters.step_filter import StepSelection, parse_steps
 from exporters.spans import ModuleCall, OpCall, Phase, StepRecord, build_spans, trace_id
 
 import pytest

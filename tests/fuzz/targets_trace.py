@@ -25,7 +25,7 @@ def _spans(step: int) -> list:
 
 
 def _write_both(folder: str) -> tuple[str, str]:
-    from exporters.files import ChromeTraceWriter, OtlpJsonWriter
+    from exporters.local_files import ChromeTraceWriter, OtlpJsonWriter
     from exporters.otlp import readable_spans, request_json, resource
 
     res = resource({"run_id": "fuzz", "host": "h", "versions": {"torch": "2.13.0"}}, rank=0, world_size=1, pid=1)
@@ -56,14 +56,14 @@ def _chrome_seeds(scratch: str) -> list[bytes]:
 
 def _read_otlp(path: str) -> None:
     from exporters.summary import summarize
-    from exporters.trace_files import read_otlp_jsonl
+    from exporters.trace_reader import read_otlp_jsonl
 
     summarize(read_otlp_jsonl(path).spans)
 
 
 def _read_chrome(path: str) -> None:
     from exporters.summary import summarize
-    from exporters.trace_files import read_chrome_trace
+    from exporters.trace_reader import read_chrome_trace
 
     summarize(read_chrome_trace(path).spans)
 

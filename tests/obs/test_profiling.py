@@ -115,7 +115,7 @@ def test_hot_reload_turns_profiling_off_and_on_at_step_boundaries(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    from exporters.trace_files import read_folder
+    from exporters.trace_reader import read_folder
 
     steps = sorted(s.attributes["ml.step"] for f in read_folder(str(tmp_path / "obs_profile")).files
                    for s in f.spans if s.kind == "step")
@@ -138,7 +138,7 @@ def test_hot_reload_turns_profiling_on_and_changes_levels(tmp_path):
     assert live is not None and live.request.levels == ("training_trace", "task_trace")
     _train(3)
     obs.reset_context()
-    from exporters.trace_files import read_folder
+    from exporters.trace_reader import read_folder
 
     spans = [s for f in read_folder(str(tmp_path / "p")).files for s in f.spans]
     assert sum(s.kind == "step" for s in spans) == 4 and any(s.kind == "module" for s in spans)

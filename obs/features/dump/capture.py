@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any
 
 from obs._core import outputs, safe_files
-from obs.features.dump._files import escape_name, inside, npy_bytes, write_new
+from obs.features.dump._layout import escape_name, inside, npy_bytes, write_new
 from obs.features.dump._tensors import describe, host_array
 
 __all__ = ["SCHEMA_VERSION", "python_stack", "write_capture"]

@@ -41,8 +41,8 @@ import torch
 from obs._core import outputs, safe_files
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
-from obs.features.dump._files import escape_name, inside, npy_bytes, write_new
-from obs.features.dump._spans import ModuleSpans
+from obs.features.dump._layout import escape_name, inside, npy_bytes, write_new
+from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
 from obs.settings.dump_config import DumpConfig
 from obs.features.dump._rows import Op, StatisticRows, each_tensor

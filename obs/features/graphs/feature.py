@@ -29,7 +29,7 @@ from obs._core.demands import demands
 from obs._core.errors import ObsConfigError, shorten
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error, suppressed
-from obs.features.graphs.files import GraphFiles, Written, graph_folder
+from obs.features.graphs.folder import GraphFiles, Written, graph_folder
 from obs.features import env_config as env_feature
 
 __all__ = ["ENV_LEVEL", "ENV_PATH", "GraphsFeature", "feature", "level", "parse_env"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
-from obs.features.graphs.files import INDEX
+from obs.features.graphs.folder import INDEX
 from obs.features.graphs.model import Abstract, IrFile, format_abstract
 from obs.features.graphs.reader import read_ir
 

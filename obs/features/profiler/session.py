@@ -118,7 +118,7 @@ class ProfileSession:
             self._subscribe_hot("op")
 
     def _subscribe_hot(self, ring: str) -> None:
-        from recorder.handlers import hotpath, module_handlers, op_handler
+        from recorder.ring_handlers import hotpath, module_handlers, op_handler
 
         hot = hotpath()
         if ring == "module":
@@ -141,7 +141,7 @@ class ProfileSession:
             self._subscribe()
 
     def _unsubscribe(self) -> None:
-        from recorder.handlers import unsubscribe
+        from recorder.ring_handlers import unsubscribe
 
         unsubscribe(self._subs, self._writers)
 

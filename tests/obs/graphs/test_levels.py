@@ -14,7 +14,7 @@ import torch
 
 import obs
 from obs.features.graphs import read_ir
-from obs.features.graphs.files import next_number
+from obs.features.graphs.folder import next_number
 from tests.obs.graphs.nets import Net
 
 
