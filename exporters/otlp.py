@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from exporters.spans import Span
+from obs._core import env
 from obs._core.version import __version__
 
 __all__ = ["OtlpSender", "endpoint_from_env", "protocol_from_env", "readable_spans", "request_json", "resource",
@@ -32,11 +33,11 @@ _SCOPE = ("obs", __version__)
 
 def endpoint_from_env(environ: Mapping[str, str] = os.environ) -> str:
     """The collector named by the standard variables ('' when none): the traces one wins, used as is."""
-    return environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    return environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "") or environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT, "")
 
 
 def protocol_from_env(environ: Mapping[str, str] = os.environ) -> str:
-    value = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or \
+    value = environ.get(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL) or environ.get(env.OTEL_EXPORTER_OTLP_PROTOCOL) or \
         "http/protobuf"
     return value.strip().lower()
 
@@ -54,7 +55,7 @@ def resource(meta: Mapping[str, Any], *, rank: int, world_size: int, pid: int) -
     from opentelemetry.sdk.resources import Resource
 
     versions = meta.get("versions", {}) if isinstance(meta.get("versions"), dict) else {}
-    attrs = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or "obs",
+    attrs = {"service.name": env.text(env.OTEL_SERVICE_NAME, "obs"),
              "host.name": str(meta.get("host") or socket.gethostname()), "process.pid": pid,
              "process.runtime.name": "cpython", "ml.rank": rank, "ml.world_size": world_size,
              "ml.run_id": str(meta.get("run_id", "")), "ml.framework": "pytorch",
@@ -65,7 +66,13 @@ def resource(meta: Mapping[str, Any], *, rank: int, world_size: int, pid: int) -
 def readable_spans(spans: Sequence[Span], res: Any) -> list[Any]:
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+    from opentelemetry.trace import (
+        SpanContext,
+        SpanKind,
+        Status,
+        StatusCode,
+        TraceFlags,
+    )
 
     scope = InstrumentationScope(*_SCOPE)
     flags = TraceFlags(TraceFlags.SAMPLED)
@@ -117,12 +124,16 @@ class OtlpSender:
         spans waiting to be sent (default OTEL_BSP_MAX_QUEUE_SIZE, else 2048, as the SDK's batch processor)."""
         logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)  # we report drops ourselves
         if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as Grpc,
+            )
 
             insecure = True if urlsplit(endpoint).scheme == "http" else None
             self._exporter: Any = Grpc(endpoint=endpoint, insecure=insecure) if endpoint else Grpc()
         elif protocol == "http/protobuf":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter as Http,
+            )
 
             self._exporter = Http(endpoint=traces_url(endpoint, protocol)) if endpoint else Http()
         else:

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from obs._core import env
+
 __all__ = ["ExportConfig", "Exporter", "main", "run"]
 
 
@@ -75,7 +77,7 @@ class Exporter:
         self.counts = Counts()
         self.resource = resource(header.meta, rank=header.rank, world_size=header.world_size, pid=header.pid)
         self.notes: list[str] = []
-        disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+        disabled = env.text(env.OTEL_SDK_DISABLED).strip().lower() == "true"  # the spec: only "true"
         endpoint = config.endpoint or endpoint_from_env()
         if endpoint and disabled:
             self.notes.append(f"OTEL_SDK_DISABLED=true: nothing sent to {endpoint}; traces go to the local files")

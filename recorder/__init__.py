@@ -1,3 +1,3 @@
-"""Running Data Recorder: crash-consistent ring, fault triggers, bundles, readers (see the RDR issue)."""
+"""Running Data Recorder: crash-consistent ring, fault triggers, bundles, readers (docs/rdr.md)."""
 
 __all__: list[str] = []

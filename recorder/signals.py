@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT, handled without needing the main thread (DESIGN §5 "Signals").
+"""SIGTERM and SIGINT, handled without needing the main thread (docs/reliability.md, "Signals").
 
 A Python signal handler runs only when the main thread returns to the interpreter; a rank blocked
 in a collective (or any C call) never does.  So:

@@ -8,9 +8,10 @@ swallowed.  The test suite (or ``OBS_RAISE_INTERNAL_ERRORS=1``) turns it into a 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter
+
+from obs._core import env
 
 __all__ = [
     "internal_error_counts",
@@ -24,7 +25,7 @@ logger = logging.getLogger("obs")
 
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
-_raise = os.environ.get("OBS_RAISE_INTERNAL_ERRORS", "") not in ("", "0")
+_raise = env.flag(env.OBS_RAISE_INTERNAL_ERRORS)
 
 
 def set_raise_internal_errors(flag: bool) -> bool:

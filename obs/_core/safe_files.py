@@ -1,6 +1,6 @@
 """Create and open obs's files and folders safely: the one place every writer and reader goes through.
 
-The rules (DESIGN §6): folders 0700, files 0600; the final component is opened with
+The rules (docs/reliability.md): folders 0700, files 0600; the final component is opened with
 ``O_EXCL|O_NOFOLLOW`` (never through a symlink, never over a file someone planted); temporary
 files get unpredictable names; a symlink is never followed inside a folder that other users can
 write to (a shared ``/tmp``).  Readers of obs's own folders open with ``O_NOFOLLOW`` and take only

@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _exit_code(exc: BaseException) -> int:
-    """DESIGN §7: a damaged file of ours is 1 (a check found a problem); every other input error is 2."""
+    """docs/cli.md: a damaged file of ours is 1 (a check found a problem); every other input error is 2."""
     from obs._core.errors import DamagedFileError
 
     return EXIT_FAILURE if isinstance(exc, DamagedFileError) else EXIT_USAGE

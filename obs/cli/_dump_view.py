@@ -1,6 +1,6 @@
 """``obs dump``: list a data dump and its exception/NaN captures, show statistics, diff two runs.
 
-Exit codes (DESIGN §7): ``ls`` and ``stats`` 0, or 1 when a file of the dump is damaged; ``diff`` 1
+Exit codes (docs/cli.md): ``ls`` and ``stats`` 0, or 1 when a file of the dump is damaged; ``diff`` 1
 when the runs diverge (as diff(1)) and 0 when they agree; 2 on bad input (no dump there, bad regex).
 ``--json``: ``ls`` and ``diff`` one document, ``stats`` JSON lines (one row per line).
 """

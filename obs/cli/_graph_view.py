@@ -1,6 +1,6 @@
 """``obs graph``: list dumped graphs, summarize one, diff two, render a ``.dot`` with Graphviz.
 
-Exit codes (DESIGN §7): ``ls`` 1 when a file or index could not be read (the others are listed);
+Exit codes (docs/cli.md): ``ls`` 1 when a file or index could not be read (the others are listed);
 ``show`` 1 on a damaged file; ``diff`` 1 when the graphs differ (as diff(1)), 0 when they match;
 ``render`` 1 when Graphviz's ``dot`` is missing or fails; 2 on bad input everywhere.
 """
@@ -14,8 +14,16 @@ import subprocess
 from rich.table import Table
 from rich.tree import Tree
 
+from obs._core import env
 from obs.cli._exit import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from obs.cli._render import console, error, markup_text, print_json, say_written, warning
+from obs.cli._render import (
+    console,
+    error,
+    markup_text,
+    print_json,
+    say_written,
+    warning,
+)
 from obs.features.graphs.reader import read_ir
 from obs.features.graphs.summary import diff_graphs, list_graphs, summarize
 
@@ -23,7 +31,7 @@ __all__ = ["run_diff", "run_ls", "run_render", "run_show"]
 
 
 def _default_folder() -> str:
-    return os.environ.get("MS_DEV_SAVE_GRAPHS_PATH") or "."
+    return env.text(env.MS_DEV_SAVE_GRAPHS_PATH, ".")
 
 
 def run_ls(path: str | None, *, as_json: bool) -> int:

@@ -1,6 +1,6 @@
 """``obs rdr ls | show | events | recover``: post-mortem views of RDR bundles (rendering only).
 
-Conventions (DESIGN §7): paths and commands are printed whole (never wrapped or cut); every string
+Conventions (docs/cli.md): paths and commands are printed whole (never wrapped or cut); every string
 a bundle supplies is escaped with :func:`clean` and rendered as plain text (never as markup);
 ``--json`` gives one JSON document for a single object (``ls``, ``show``, ``recover``) and JSON lines
 for a stream of records (``events``).  A bad bundle or ring is reported and the rest still shown;
@@ -18,6 +18,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from obs._core import env
 from obs.cli._render import clean, console, err_console, print_json, print_json_lines
 from recorder.bundle_reader import EVENT_KINDS, Bundle, list_bundles, load_bundle
 from recorder.stacks import is_wrapper
@@ -36,7 +37,7 @@ def _when(ns: Any) -> str:
 
 def default_root() -> str:
     """Where ``ls`` and ``recover`` look without a path: ``$MS_RDR_PATH``, else the current folder."""
-    return os.environ.get("MS_RDR_PATH") or os.getcwd()
+    return env.text(env.MS_RDR_PATH) or os.getcwd()
 
 
 def _plain(text: Any, style: str = "") -> Text:

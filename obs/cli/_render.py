@@ -1,4 +1,4 @@
-"""Shared rendering helpers (DESIGN §7): one console per stream, never-wrapped paths, escaped text, JSON out.
+"""Shared rendering helpers (docs/cli.md): one console per stream, never-wrapped paths, escaped text, JSON out.
 
 - :func:`console` / :func:`err_console`: on a terminal, rich's own width; piped or redirected, a width
   so large that nothing is wrapped or cut (paths and commands stay pasteable, ``grep`` sees whole lines).

@@ -8,6 +8,8 @@ import runpy
 import sys
 from typing import Any
 
+from obs._core import env
+
 __all__ = ["apply_settings", "run_script"]
 
 
@@ -16,7 +18,7 @@ def apply_settings(config: str | None, sets: list[tuple[str, Any]]) -> None:
     import obs
 
     kwargs = dict(sets)
-    config = config or os.environ.get("OBS_CONFIG") or None
+    config = config or env.text(env.OBS_CONFIG) or None
     if config:
         kwargs["env_config_path"] = config
     if kwargs:
@@ -45,7 +47,6 @@ def run_script(script: str, args: list[str], *, config: str | None, sets: list[t
     # Registered first, so it runs last: after the recorder's and the print sink's own exit handlers.
     atexit.register(say_what_obs_wrote)
     from obs import profiling
-
     from obs.cli._trace_view import print_exit_summary
 
     profiling.feature.exit_listeners.append(print_exit_summary)  # the profile's summary at the end, when on

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from obs._core import outputs, safe_files
+from obs._core import env, outputs, safe_files
 from obs._core.demands import demands
 from obs._core.errors import ObsConfigError, UnsafePathError, shorten
 from obs._core.events import Event, Subscription, bus
@@ -41,8 +41,7 @@ from printsink.writer import PrintWriter
 
 __all__ = ["ENV_PRINT_FILE", "ENV_PRINT_PID", "Print", "PrintFeature", "feature", "publish", "resolve_print_path"]
 
-ENV_PRINT_FILE = "OBS_PRINT_FILE"
-ENV_PRINT_PID = "OBS_PRINT_PID"
+ENV_PRINT_FILE, ENV_PRINT_PID = env.OBS_PRINT_FILE, env.OBS_PRINT_PID
 
 _seq = itertools.count(1)
 _screen_lock = threading.Lock()

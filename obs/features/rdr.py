@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from obs._core import env
 from obs._core.errors import ObsError
 from obs.features import env_config as env_feature
 from obs.settings._context import get_context, snapshot
@@ -205,7 +206,7 @@ def _rank_known() -> bool:
     from obs.settings import parallel
 
     # parallel has no public "was global_rank set" (its getter returns the default 0 either way)
-    return _distributed_ready() or bool(os.environ.get("RANK")) or "global_rank" in parallel._auto.values
+    return _distributed_ready() or bool(env.text(env.RANK)) or "global_rank" in parallel._auto.values
 
 
 feature = RdrFeature()
@@ -214,7 +215,7 @@ os.register_at_fork(after_in_child=feature._after_fork)
 
 def start_from_environment() -> None:
     """At import: ``MS_RDR_ENABLE=1`` alone turns the recorder on; bad variables warn instead of failing import."""
-    if not os.environ.get("MS_RDR_ENABLE"):
+    if not env.text(env.MS_RDR_ENABLE):
         return
     try:
         feature.sync()

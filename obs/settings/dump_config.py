@@ -20,15 +20,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from obs._core import env
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
-from obs.settings._validators import Bool, Choice, Int, Str, Validator, did_you_mean, fail, json_words, show, \
-    type_fail
+from obs.settings._validators import (
+    Bool,
+    Choice,
+    Int,
+    Str,
+    Validator,
+    did_you_mean,
+    fail,
+    json_words,
+    show,
+    type_fail,
+)
 
 __all__ = ["CATEGORY_COLUMNS", "DumpConfig", "DumpConfigError", "ENV_VARS", "Iterations", "KernelFilter",
            "load_dump_config", "parse_dump_config"]
 
 #: Variables naming the dump JSON file (the original's first).
-ENV_VARS = ("MINDSPORE_DUMP_CONFIG", "OBS_DUMP_CONFIG")
+ENV_VARS = (env.MINDSPORE_DUMP_CONFIG, env.OBS_DUMP_CONFIG)
 
 #: statistic_category item -> its statistic.csv column (MindSpore 2.10's spellings)
 CATEGORY_COLUMNS: dict[str, str] = {
@@ -277,7 +288,7 @@ def _cross_checks(common: dict[str, Any], environ: Mapping[str, str], problems: 
         problems.append(("common_dump_settings.overflow_number", "'common_dump_settings.overflow_number' may only "
                          f"be set with op_debug_mode 3 (got op_debug_mode {show(common.get('op_debug_mode'))})"))
     if "path" in common and not common["path"]:
-        base = environ.get("MS_DIAGNOSTIC_DATA_PATH", "")
+        base = env.text(env.MS_DIAGNOSTIC_DATA_PATH, environ=environ)
         if not base:
             problems.append(("common_dump_settings.path", "'common_dump_settings.path' is not set and neither is "
                              "$MS_DIAGNOSTIC_DATA_PATH: say where the dump goes"))

@@ -11,12 +11,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from obs._core import env
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
-from obs.settings.dump_config import JsonObject, check_dump_section
 from obs.settings._table import Option, OptionTable
+from obs.settings._validators import (
+    Bool,
+    Choice,
+    Dict,
+    Int,
+    SaveGraphsLevel,
+    Str,
+    did_you_mean,
+    json_words,
+    show,
+)
+from obs.settings.dump_config import JsonObject, check_dump_section
 from obs.settings.profiler_options import Endpoint, Levels, Steps
-from obs.settings._validators import (Bool, Choice, Dict, Int, SaveGraphsLevel, Str, did_you_mean, json_words,
-                                      show)
 from recorder.layout import DEFAULT_CAPACITY, check_capacity
 
 __all__ = ["ENV_VARS", "SECTIONS", "ConfigFileError", "EnvConfig", "Problem", "load_file", "parse_env", "parse_text",
@@ -95,9 +105,9 @@ ALIASES: dict[tuple[str, str], str] = {("sys", "mem_Reuse"): "mem_reuse"}
 
 #: Environment variables read before the file: name -> (section, key, parser).
 ENV_VARS: dict[str, tuple[str, str]] = {
-    "MS_RDR_ENABLE": ("rdr", "enable"),
-    "MS_RDR_MODE": ("rdr", "mode"),
-    "MS_RDR_PATH": ("rdr", "path"),
+    env.MS_RDR_ENABLE: ("rdr", "enable"),
+    env.MS_RDR_MODE: ("rdr", "mode"),
+    env.MS_RDR_PATH: ("rdr", "path"),
 }
 
 

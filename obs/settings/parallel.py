@@ -6,7 +6,6 @@ torch.distributed is initialised its rank and world size win.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Mapping
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from obs._core import env
 from obs.settings._table import Option, OptionTable
 from obs.settings._validators import Bool, Choice, Int, Str, Validator, fail, type_fail
 
@@ -246,7 +246,7 @@ def rank() -> int:
         return int(dist.get_rank())
     if "global_rank" in _auto.values:
         return int(_auto.values["global_rank"])
-    return int(os.environ.get("RANK", "0") or 0)
+    return env.integer(env.RANK, 0)
 
 
 def world_size() -> int:
@@ -256,7 +256,7 @@ def world_size() -> int:
         return int(dist.get_world_size())
     if "device_num" in _auto.values:
         return int(_auto.values["device_num"])
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return env.integer(env.WORLD_SIZE, 1)
 
 
 #: the key under which the ranks of a job agree on its run id (in the default process group's store)
@@ -265,7 +265,7 @@ _RUN_ID_KEY = "obs/run_id"
 
 def launcher_run_id() -> str | None:
     """The launcher's job id: ``TORCHELASTIC_RUN_ID``, unless torchrun's placeholder ``none`` (no ``--rdzv-id``)."""
-    value = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    value = env.text(env.TORCHELASTIC_RUN_ID).strip()
     return value if value and value.lower() != "none" else None
 
 

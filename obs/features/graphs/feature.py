@@ -24,17 +24,17 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from obs._core import safe_files
+from obs._core import env, safe_files
 from obs._core.demands import demands
 from obs._core.errors import ObsConfigError, shorten
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error, suppressed
-from obs.features.graphs.folder import GraphFiles, Written, graph_folder
 from obs.features import env_config as env_feature
+from obs.features.graphs.folder import GraphFiles, Written, graph_folder
 
 __all__ = ["ENV_LEVEL", "ENV_PATH", "GraphsFeature", "feature", "level", "parse_env"]
 
-ENV_LEVEL, ENV_PATH = "MS_DEV_SAVE_GRAPHS", "MS_DEV_SAVE_GRAPHS_PATH"
+ENV_LEVEL, ENV_PATH = env.MS_DEV_SAVE_GRAPHS, env.MS_DEV_SAVE_GRAPHS_PATH
 
 
 def parse_env(environ: Mapping[str, str]) -> tuple[int | None, str | None]:

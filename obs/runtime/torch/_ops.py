@@ -1,6 +1,6 @@
 """Op-level interception: a TorchDispatchMode that publishes one OP event per aten op.
 
-It costs 5–16 µs per op (see DESIGN §5), so it is pushed only while someone subscribes to OP,
+It costs 5–16 µs per op (docs/benchmarks.md), so it is pushed only while someone subscribes to OP,
 on the thread that subscribed (dispatch modes are thread-local; autograd carries them into
 backward).  Our own tensor work runs under ``suppressed()`` and passes straight through.
 """
