@@ -20,6 +20,7 @@ import os
 import threading
 import warnings
 
+from obs._core import safe_files
 from printsink.encoder import Buffer
 
 __all__ = ["PrintFileFullWarning", "PrintWriter"]
@@ -34,17 +35,14 @@ class PrintFileFullWarning(UserWarning):
 
 
 class PrintWriter:
-    """An open print file.  ``exclusive``: create it, failing if the name exists (O_EXCL).
+    """An open print file, created by :func:`obs._core.safe_files.create_file` (0600, failing if the name exists).
 
     ``fd``: adopt an already opened descriptor (``path`` is then only its name in messages).
     """
 
-    def __init__(self, path: str, *, exclusive: bool = True, fd: int | None = None) -> None:
+    def __init__(self, path: str, *, fd: int | None = None) -> None:
         if fd is None:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
-            if exclusive:
-                flags |= os.O_EXCL
-            fd = os.open(path, flags, 0o600)
+            fd = safe_files.create_file(path, append=True)
         self.path = path
         self._fd: int | None = fd
         self._lock = threading.Lock()

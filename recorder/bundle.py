@@ -57,14 +57,6 @@ def _write(path: str, payload: Payload, *, fsync: bool) -> None:
             os.fsync(fd)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_bundle(rdr_dir: str, name: str, manifest: Mapping[str, Any], files: Mapping[str, Payload], *,
                  fsync: bool = True) -> str:
     """Create ``rdr_dir/name`` atomically with ``manifest.json`` and ``files`` (relative names, may hold one
@@ -100,13 +92,13 @@ def write_bundle(rdr_dir: str, name: str, manifest: Mapping[str, Any], files: Ma
                fsync=fsync)
         if fsync:
             for folder in {os.path.dirname(os.path.join(tmp, rel)) for rel in listing} | {tmp}:
-                _fsync_dir(folder)
+                safe_files.fsync_dir(folder)
         os.rename(tmp, final)
     except BaseException:
         _remove_tree(tmp)
         raise
     if fsync:
-        _fsync_dir(rdr_dir)
+        safe_files.fsync_dir(rdr_dir)
     return final
 
 

@@ -19,8 +19,8 @@ from typing import Union
 
 from obs._core.errors import UnsafePathError
 
-__all__ = ["DIR_MODE", "FILE_MODE", "check_dir", "create_file", "ensure_dir", "open_private", "read_private",
-           "temp_path", "write_atomic"]
+__all__ = ["DIR_MODE", "FILE_MODE", "check_dir", "create_file", "ensure_dir", "fsync_dir", "open_append",
+           "open_private", "read_private", "temp_path", "write_atomic", "write_new"]
 
 DIR_MODE, FILE_MODE = 0o700, 0o600
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
@@ -72,15 +72,56 @@ def _walk(path: str, *, create: bool) -> str:
     return path if create else deepest
 
 
-def create_file(path: str, *, append: bool = False, read: bool = False) -> int:
+def create_file(path: str, *, append: bool = False, read: bool = False, folder_ready: bool = False) -> int:
     """Create ``path`` (0600) and return its descriptor; it must not exist yet (``O_EXCL``), and the final
-    component is never a symlink (``O_NOFOLLOW``).  Missing folders are created by :func:`ensure_dir`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    ensure_dir(folder)
+    component is never a symlink (``O_NOFOLLOW``).  Missing folders are created by :func:`ensure_dir`, unless the
+    caller made and checked the folder already (``folder_ready``: then it is one ``open``, for hot writers)."""
+    if not folder_ready:
+        ensure_dir(os.path.dirname(os.path.abspath(path)))
     flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     if append:
         flags |= os.O_APPEND
     return os.open(path, flags, FILE_MODE)
+
+
+def write_new(path: str, *chunks: bytes | memoryview, folder_ready: bool = False) -> None:
+    """Create ``path`` with :func:`create_file` (it must not exist) and write ``chunks`` to it."""
+    fd = create_file(path, folder_ready=folder_ready)
+    try:
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            while view:
+                view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def open_append(path: str, *, what: str = "file") -> int:
+    """Open an existing file of obs's to append to it: a regular file of this user, reached without a symlink
+    (``what`` names it in the refusal).  Returns a blocking descriptor."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(f"refusing to write the {what} through {path!r}: it is a symlink (planted "
+                                  "after obs created it?)", path=path) from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise UnsafePathError(f"refusing to write the {what} {path!r}: it is not a regular file of this user "
+                              "(planted after obs created it?)", path=path)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def fsync_dir(path: str) -> None:
+    """Make the entries of folder ``path`` durable (after a create or a rename in it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def temp_path(path: str) -> str:

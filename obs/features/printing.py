@@ -158,19 +158,7 @@ def _open_print_file(path: str) -> PrintWriter:
 
 def _join(path: str) -> int:
     """Open an existing print file to append to it: a regular file of this user, reached without a symlink."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafePathError(f"refusing to write the print file through {path!r}: it is a symlink (planted "
-                                  "after print_file_path was set?)", path=path) from None
-        raise
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-        os.close(fd)
-        raise UnsafePathError(f"refusing to write the print file {path!r}: it is not a regular file of this user "
-                              "(planted after print_file_path was set?)", path=path)
-    os.set_blocking(fd, True)
+    fd = safe_files.open_append(path, what="print file")
     return fd
 
 

@@ -71,18 +71,6 @@ def npy_bytes(array: np.ndarray) -> tuple[bytes, memoryview]:
     return npy_header(array.dtype.str, array.shape), memoryview(array).cast("B")
 
 
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
 def write_new(path: str, *chunks: bytes | memoryview, folder_ready: bool = False) -> None:
-    """Create ``path`` (it must not exist) and write ``chunks`` to it.  Missing folders are made safely
-    (:func:`obs._core.safe_files.create_file`), unless the caller made and checked the folder already
-    (``folder_ready``): then it is one ``open``."""
-    fd = os.open(path, _NEW, safe_files.FILE_MODE) if folder_ready else safe_files.create_file(path)
-    try:
-        for chunk in chunks:
-            view = memoryview(chunk).cast("B")
-            while view:
-                view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
+    """Create ``path`` (it must not exist) and write ``chunks``: :func:`obs._core.safe_files.write_new`."""
+    safe_files.write_new(path, *chunks, folder_ready=folder_ready)

@@ -75,7 +75,7 @@ def _write_fresh(path: str, text: str) -> None:
 
 
 def _append(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = safe_files.open_append(path, what="dump file")
     try:
         os.write(fd, text.encode())
     finally:
