@@ -28,7 +28,7 @@ import torch
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.features.dump import native_nan
-from obs.features.dump._autograd_calls import AutogradCall
+from obs.runtime.torch._autograd_calls import AutogradCall
 from obs.features.dump._grad_links import ELEMENTWISE_BACKWARD, MAX_POOLS, GradLinks, preserves_in_backward
 from obs.features.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
 from obs.features.dump.capture import python_stack, write_capture

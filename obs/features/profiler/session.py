@@ -118,7 +118,8 @@ class ProfileSession:
             self._subscribe_hot("op")
 
     def _subscribe_hot(self, ring: str) -> None:
-        from recorder.ring_handlers import hotpath, module_handlers, op_handler
+        from recorder.hotpath import hotpath
+        from recorder.ring_handlers import module_handlers, op_handler
 
         hot = hotpath()
         if ring == "module":

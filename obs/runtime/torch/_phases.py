@@ -3,12 +3,11 @@
 Installed by the adapter only while someone subscribes to PHASE (the profiler).  ``loss.backward()``
 goes through ``torch.autograd.backward``, so wrapping that one function finds every backward without
 user code.  The forward phase comes from the module wrapper (a root module call), the data phase
-from ``obs.steps``.  The wrapper leaves no frame in a user's traceback (as the module wrapper).
+from ``obs.steps``.  The wrapper (:mod:`obs.runtime.torch._autograd_calls`) leaves no frame in a user's traceback.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
@@ -16,7 +15,7 @@ import torch
 from torch.optim import optimizer as torch_optimizer
 
 from obs._core.events import Event, bus
-from obs._core.internal import SUPPRESSION
+from obs.runtime.torch._autograd_calls import AutogradCall
 
 __all__ = ["PhaseHooks", "emit_phase"]
 
@@ -29,26 +28,9 @@ class PhaseHooks:
     """Wraps ``torch.autograd.backward`` and hooks every optimizer's step until ``remove()``."""
 
     def __init__(self) -> None:
-        original = torch.autograd.backward
-        self._original = original
-        clock, state, getframe = time.perf_counter_ns, SUPPRESSION, sys._getframe
-
-        def obs_backward(*args: Any, **kwargs: Any) -> Any:
-            if state.depth:
-                return original(*args, **kwargs)
-            begin = clock()
-            try:
-                return original(*args, **kwargs)
-            except BaseException as exc:
-                tb = exc.__traceback__
-                if tb is not None and tb.tb_frame is getframe():
-                    exc.__traceback__ = tb.tb_next  # a bare raise adds no frame: this one leaves the traceback
-                raise
-            finally:
-                emit_phase("backward", begin, clock())
-
-        torch.autograd.backward = obs_backward
-        self._wrapper = obs_backward
+        clock = time.perf_counter_ns
+        self._backward = AutogradCall(torch.autograd, "backward", on_start=lambda roots: clock(),
+                                      on_end=lambda begin: emit_phase("backward", begin, clock()))
         started: dict[int, int] = {}
 
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
@@ -66,5 +48,4 @@ class PhaseHooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if torch.autograd.backward is self._wrapper:  # someone who wrapped after us keeps their wrapper
-            torch.autograd.backward = self._original
+        self._backward.unwrap()  # someone who wrapped after us keeps their wrapper

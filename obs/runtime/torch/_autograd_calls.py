@@ -1,4 +1,7 @@
-"""Wrappers of ``torch.autograd.backward`` / ``grad``: a callback before backward starts, another when it raises.
+"""Wrappers of ``torch.autograd.backward`` / ``grad``: callbacks before backward starts, when it ends, when it raises.
+
+The one way obs wraps them: the PHASE events (backward time), exception_dump (the error) and the NaN/Inf
+check (settling before backward) each hold their own :class:`AutogradCall`.
 
 ``loss.backward()`` goes through ``torch.autograd.backward``, so these two functions see every backward a user
 starts.  A wrapper leaves no frame in the user's traceback, and unwrapping leaves a later wrapper in place
@@ -21,19 +24,23 @@ def roots_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 class AutogradCall:
-    """``owner.name`` wrapped: ``on_start(roots)`` before the call, ``on_error(error, roots)`` when it raises.
+    """``owner.name`` wrapped: ``on_start(roots)`` before the call, ``on_error(error, roots)`` when it raises,
+    ``on_end(started)`` after it returns or raises, with what ``on_start`` returned.
 
-    Neither runs inside obs's own work (``SUPPRESSION``); an error of either is reported, never raised."""
+    None runs inside obs's own work (``SUPPRESSION``); an error of any is reported, never raised."""
 
-    def __init__(self, owner: Any, name: str, *, on_start: Any = None, on_error: Any = None) -> None:
+    def __init__(self, owner: Any, name: str, *, on_start: Any = None, on_error: Any = None,
+                 on_end: Any = None) -> None:
         self.owner, self.name, self.active = owner, name, True
         original = self.original = getattr(owner, name)
         me, getframe, state = self, sys._getframe, SUPPRESSION
 
         def obs_autograd_call(*args: Any, **kwargs: Any) -> Any:
-            if on_start is not None and me.active and not state.depth:
+            watched = me.active and not state.depth
+            started = None
+            if on_start is not None and watched:
                 try:
-                    on_start(roots_of(args, kwargs))
+                    started = on_start(roots_of(args, kwargs))
                 except Exception as inner:
                     report_internal_error(f"autograd {name} start", inner)
             try:
@@ -48,6 +55,12 @@ class AutogradCall:
                     except Exception as inner:
                         report_internal_error(f"autograd {name} error", inner)
                 raise
+            finally:
+                if on_end is not None and watched:
+                    try:
+                        on_end(started)
+                    except Exception as inner:
+                        report_internal_error(f"autograd {name} end", inner)
 
         self.wrapper = obs_autograd_call
         setattr(owner, name, obs_autograd_call)
