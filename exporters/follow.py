@@ -23,12 +23,10 @@ import numpy as np
 
 from exporters.spans import ModuleCall, OpCall, Phase, StepRecord
 from obs._core import safe_files
-from recorder.layout import BLOB, BLOB_SIZE, SLOT, STRINGS_USED_AT, Header, Kind
+from recorder.layout import BLOB, BLOB_SIZE, PHASE_NAMES, SLOT, STRINGS_USED_AT, Header, Kind
 from recorder.ring_reader import SLOT_DTYPE
 
 __all__ = ["PHASE_NAMES", "RingFollower", "StepAssembler"]
-
-PHASE_NAMES = ("data", "forward", "backward", "optimizer")
 _U32 = struct.Struct("<I")
 
 

@@ -35,7 +35,8 @@ def parse_steps(value: object) -> StepSelection:
     Raises ValueError with the expectation and the part that is wrong.
     """
     if isinstance(value, bool):
-        raise ValueError(f"expected a step list like \"0-100|200\" or a whole number N (every N-th step), got {value!r}")
+        raise ValueError(f"expected a step list like \"0-100|200\" or a whole number N (every N-th step), "
+                         f"got {value!r}")
     if isinstance(value, int):
         if value < 1:
             raise ValueError(f"every N-th step needs N >= 1 (got {value})")

@@ -14,8 +14,8 @@ from obs._core.errors import DeviceUnavailableError, ObsConfigError, ObsError
 from obs._core.events import Event, EventBus, HookValidationError, Subscription, bus
 from obs._core.internal import internal_error_counts
 from obs._core.version import __version__
-from obs.features import device_context, dump, graphs, ops, rdr
 from obs.features import device as _device
+from obs.features import device_context, dump, graphs, ops, rdr
 from obs.features import env_config as _env_config
 from obs.features import printing as _printing
 from obs.features import profiler as profiling
@@ -27,9 +27,17 @@ from obs.runtime import loader as _loader
 from obs.runtime.steps import step, steps
 from obs.settings._context import get_context, register_applier, reset_context, set_context
 from obs.settings.context_options import COMPATIBLE, DEBUG, GRAPH_MODE, LAX, PYNATIVE_MODE, RELEASE, STRICT
-from obs.settings.parallel import (ParallelMode, get_auto_parallel_context, get_ps_context, rank,
-                                   reset_auto_parallel_context, reset_ps_context, set_auto_parallel_context,
-                                   set_ps_context, world_size)
+from obs.settings.parallel import (
+    ParallelMode,
+    get_auto_parallel_context,
+    get_ps_context,
+    rank,
+    reset_auto_parallel_context,
+    reset_ps_context,
+    set_auto_parallel_context,
+    set_ps_context,
+    world_size,
+)
 from printsink.reader import parse_print
 
 __all__ = [

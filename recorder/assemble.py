@@ -18,7 +18,8 @@ __all__ = ["bundle_parts"]
 def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | None = None,
                  fault: dict[str, Any] | None = None, fatal_stacks: str | None = None,
                  threads: list[dict[str, Any]] | None = None, graphs: list[tuple[str, str]] | None = None,
-                 settings: dict[str, Any] | None = None, recovered: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+                 settings: dict[str, Any] | None = None,
+                 recovered: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """The manifest and files of a bundle from a ring's contents and what the live process adds."""
     summary = contents.summary()
     files: dict[str, Any] = {
@@ -51,7 +52,7 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
         "step": summary["step"],
         "granularity": text("granularity"), "versions": versions if isinstance(versions, dict) else {},
         "settings": settings or {},
-        "dropped": contents.dropped, "recorded": {"events": int(len(contents.slots)) + len(contents.blobs)},
+        "dropped": contents.dropped, "recorded": {"events": len(contents.slots) + len(contents.blobs)},
         "last_module": summary["last_module"], "open_modules": summary["open_modules"],
         "last_op": summary["last_op"], "fault": fault, "recovered": recovered,
         "exception": {k: exc[k] for k in ("type", "message", "where", "raised_in")} if exc else None,

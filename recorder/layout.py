@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "MAX_RING_BYTES", "RINGS",
-           "SLOT", "STRINGS_USED_AT", "VERSION", "Header", "Kind", "Region", "check_capacity", "plan"]
+__all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "MAX_RING_BYTES", "PHASE_CODES",
+           "PHASE_NAMES", "RINGS", "SLOT", "STRINGS_USED_AT", "VERSION", "Header", "Kind", "Region", "check_capacity",
+           "plan"]
 
 MAGIC = b"OBSRING\x01"
 VERSION = 1
@@ -41,6 +42,11 @@ BLOB = struct.Struct("<QqHHI")
 HEADER = struct.Struct("<8sIIIIqqQQQQQI")
 REGION = struct.Struct("<16sQQ")  # ring name, offset, capacity
 STRINGS_USED_AT = struct.calcsize("<8sIIIIqqQQ")  # byte offset of strings_used in the header
+
+
+#: A PHASE slot's ``a``: the phase's code (its index here); a code outside the list reads as ``phase_{code}``.
+PHASE_NAMES = ("data", "forward", "backward", "optimizer")
+PHASE_CODES = {name: code for code, name in enumerate(PHASE_NAMES)}
 
 
 class Kind(enum.IntEnum):

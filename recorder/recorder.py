@@ -28,12 +28,12 @@ from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
-from recorder.graph_texts import remove_graphs, write_graph
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
-from recorder.ring_handlers import module_handlers, op_handler, unsubscribe
+from recorder.graph_texts import remove_graphs, write_graph
 from recorder.hotpath import hotpath
 from recorder.layout import DEFAULT_CAPACITY, Kind
 from recorder.ring import RingWriter
+from recorder.ring_handlers import module_handlers, op_handler, unsubscribe
 from recorder.ring_reader import RingContents, read_ring
 from recorder.stacks import all_stacks
 

@@ -35,7 +35,8 @@ from typing import Any
 
 from obs._core import env, safe_files
 
-__all__ = ["EXTENSIONS", "PARTS", "Extension", "Installed", "Status", "cache_dir", "status", "switch_name", "switched_off"]
+__all__ = ["EXTENSIONS", "PARTS", "Extension", "Installed", "Status", "cache_dir", "status", "switch_name",
+           "switched_off"]
 
 logger = logging.getLogger("obs")
 

@@ -15,7 +15,6 @@ import errno
 import os
 import secrets
 import stat
-from typing import Union
 
 from obs._core.errors import UnsafePathError
 
@@ -130,7 +129,7 @@ def temp_path(path: str) -> str:
     return os.path.join(folder, f".{base}.tmp-{secrets.token_hex(8)}")
 
 
-def write_atomic(path: str, data: Union[bytes, str], *, fsync: bool = True) -> None:
+def write_atomic(path: str, data: bytes | str, *, fsync: bool = True) -> None:
     """Replace ``path`` with ``data`` through a fresh temporary file and a rename (readers see old or new)."""
     tmp = temp_path(path)
     fd = create_file(tmp)

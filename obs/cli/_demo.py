@@ -1,16 +1,26 @@
-"""``obs demo``: train a small MLP on synthetic data with the configured features, then say what happened.
+"""``obs demo``: train a small MLP on synthetic data with obs's features on, then say what each wrote.
 
-Output: the summary and the next commands (one per line, never wrapped) on stdout; on a terminal,
-a transient progress bar on stderr while it runs; at exit, on stderr, every file obs wrote.  It
-writes nothing into the current folder unless the settings ask for it (``print_file_path``, an
-RDR path).  Step time is reported in steady state, apart from the first steps (compilation,
-allocator and cache warm-up), which can be a hundred times slower.
+With no settings (no ``--config``, ``--set`` or ``$OBS_CONFIG``) it is a tour: every file feature on,
+written into ``./obs_demo/`` (replaced on each run; a folder of that name that obs did not make is
+never touched): an RDR bundle from a fault it injects at the end, the profiler's Perfetto trace and
+OTLP JSON lines, a print file, the graphs of its compiled model and a statistic dump of its last step.
+The settings it used are in ``obs_demo/obs_config*.json``.  With settings, it runs with exactly
+those and writes only what they ask for.
+
+Output: the summary and the commands that open what it wrote (one per line, never wrapped) on
+stdout; on a terminal, a transient progress bar on stderr while it runs; at the end, on stderr,
+every file obs wrote.  Step time is reported in steady state, apart from the first steps
+(compilation, allocator and cache warm-up), which can be a hundred times slower.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import shlex
+import shutil
+import stat
 import statistics
 import sys
 import time
@@ -20,10 +30,20 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["WARMUP_STEPS", "DemoResult", "run_demo", "run_demo_command"]
+from obs._core import env
+from obs._core.errors import ObsError
+
+__all__ = ["DEMO_FOLDER", "MARKER", "WARMUP_STEPS", "DemoFolderError", "DemoResult", "Tour", "prepare_folder",
+           "run_demo", "run_demo_command"]
 
 #: Steps left out of the steady-state step time (and reported on their own).
 WARMUP_STEPS = 5
+
+#: The folder the tour (``obs demo`` with no settings) writes, in the current folder; replaced on each run.
+DEMO_FOLDER = "obs_demo"
+#: The file that makes a folder the demo's own: a folder without it is never removed.
+MARKER = ".obs_demo.json"
+_MARKER_DATA = {"written_by": "obs demo", "schema_version": 1}
 
 Progress = Callable[[str, int], None]  #: ``(what, steps done)``
 
@@ -42,10 +62,19 @@ class DemoResult:
     env_config: dict[str, Any]
     produced: list[str] = field(default_factory=list)
     next_commands: list[str] = field(default_factory=list)
+    #: what was written, by kind (absolute paths): folder, env_config, rdr_bundle, perfetto_trace,
+    #: otlp_json_lines, print_file, graphs, data_dump, ... (only what exists)
+    outputs: dict[str, str] = field(default_factory=dict)
+    #: the fault the tour injects at the end (expected; the RDR bundle is in ``outputs``), or None
+    fault: str | None = None
 
 
 class DemoFailure(RuntimeError):
-    """The failure ``obs demo --fail-at N`` injects into the model's forward."""
+    """The failure the demo injects into the model's forward (``--fail-at N``, or at the end of the tour)."""
+
+
+class DemoFolderError(ObsError, ValueError):
+    """``./obs_demo`` exists but is not a folder the demo made: it is left alone (exit 2)."""
 
 
 def split_warmup(durations_ns: list[int]) -> tuple[list[float], float]:
@@ -56,9 +85,111 @@ def split_warmup(durations_ns: list[int]) -> tuple[list[float], float]:
     return [d / 1e6 for d in durations_ns[:warm]], statistics.median(durations_ns[warm:]) / 1e6
 
 
-def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None = None) -> DemoResult:
+# -- the tour's folder ------------------------------------------------------------------------------
+
+def _is_demo_folder(path: str) -> str | None:
+    """None when ``path`` is a folder of this user holding the demo's marker; else why it is not."""
+    from obs._core import safe_files
+
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return "it is a symlink"
+    if not stat.S_ISDIR(info.st_mode):
+        return "it is not a folder"
+    if info.st_uid != os.geteuid():
+        return f"it belongs to uid {info.st_uid}, not to this user"
+    try:
+        data = json.loads(safe_files.read_private(os.path.join(path, MARKER), limit=4096))
+    except FileNotFoundError:
+        return f"it holds no {MARKER}"
+    except (OSError, ValueError):
+        return f"its {MARKER} is not the demo's"
+    if not isinstance(data, dict) or data.get("written_by") != _MARKER_DATA["written_by"]:
+        return f"its {MARKER} is not the demo's"
+    return None
+
+
+def prepare_folder(path: str = DEMO_FOLDER) -> str:
+    """Make ``path`` an empty folder (0700) holding only the demo's marker; returns its absolute path.
+
+    A previous demo folder (marked, a folder of this user) is removed first, without following any
+    symlink in it; anything else at ``path`` raises :class:`DemoFolderError` and is left as it is.
+    """
+    from obs._core import safe_files
+
+    if os.path.lexists(path):
+        why = _is_demo_folder(path)
+        if why is not None:
+            raise DemoFolderError(f"{path!r} exists and is not a folder obs demo made ({why}); obs demo writes "
+                                  f"into ./{DEMO_FOLDER}/ and replaces it on each run: move it away, or run obs demo "
+                                  "in another folder")
+        shutil.rmtree(path)  # fd-based on Linux: symlinks inside are removed, never followed
+    os.mkdir(path, safe_files.DIR_MODE)
+    folder = os.path.abspath(path)
+    safe_files.write_new(os.path.join(folder, MARKER), (json.dumps(_MARKER_DATA) + "\n").encode(), folder_ready=True)
+    return folder
+
+
+@dataclass(frozen=True)
+class Tour:
+    """Where the tour writes (absolute paths under ``folder``) and the settings it runs with."""
+
+    folder: str
+
+    def at(self, *names: str) -> str:
+        return os.path.join(self.folder, *names)
+
+    @property
+    def config(self) -> str:
+        """The env config of the whole run: RDR, profiler, graphs."""
+        return self.at("obs_config.json")
+
+    @property
+    def dump_config(self) -> str:
+        """The same plus the data dump, in force for the last step."""
+        return self.at("obs_config_with_dump.json")
+
+    def sections(self) -> dict[str, Any]:
+        return {"rdr": {"enable": True, "path": self.at("rdr")},
+                "profiler": {"enable": True, "options": "training_trace:task_trace", "output": self.at("profile")},
+                "graphs": {"save_graphs": 2, "save_graphs_path": self.at("graphs")}}
+
+    def start(self) -> None:
+        """Write the env config and turn everything on (GRAPH_MODE: ``obs.compile`` compiles, its graphs are saved)."""
+        import obs
+
+        self._write(self.config, self.sections())
+        obs.set_context(mode=obs.GRAPH_MODE, print_file_path=self.at("print.pb"), env_config_path=self.config)
+
+    def start_dump(self, iteration: int) -> None:
+        """Add the data dump (statistics of every op of ``iteration``) for the last step.
+
+        Only then: the dump watches ops through a dispatch mode, and torch.compile runs a model eagerly
+        while one is active, so from the first step on there would be no compiled graph to save.
+        """
+        import obs
+
+        dump = {"common_dump_settings": {"dump_mode": 0, "path": self.at("dump"), "net_name": "Demo",
+                                         "iteration": str(iteration), "saved_data": "statistic", "input_output": 0,
+                                         "kernels": [], "support_device": [0]}}
+        self._write(self.dump_config, {**self.sections(), "dump": dump})
+        obs.set_context(env_config_path=self.dump_config)
+
+    @staticmethod
+    def _write(path: str, sections: dict[str, Any]) -> None:
+        from obs._core import safe_files
+
+        safe_files.write_new(path, (json.dumps(sections, indent=2) + "\n").encode(), folder_ready=True)
+
+
+# -- training ---------------------------------------------------------------------------------------
+
+def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None = None,
+             tour: Tour | None = None) -> DemoResult:
     """Train for ``steps`` steps; count what the bus saw; raise DemoFailure in forward at step ``fail_at``.
 
+    With ``tour`` (its settings already in force): the last step runs with the data dump on, and a
+    fault is injected in a forward after training (the RDR writes a bundle; nothing raises here).
     ``progress(what, done)`` is called before training and after every step.
     """
     import importlib.util
@@ -80,15 +211,18 @@ def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None =
     dev = obs.device()
 
     class Fail(torch.nn.Module):
-        """Passes its input through; raises at step ``fail_at`` (an injected fault for the RDR tour)."""
+        """Passes its input through; raises DemoFailure while armed (an injected fault for the RDR)."""
+
+        armed = ""  # the message to raise with; empty: pass through
 
         def forward(self, h: Any) -> Any:
-            if fail_at is not None and tracker.step == fail_at:
-                raise DemoFailure(f"injected failure at step {fail_at} (obs demo --fail-at)")
+            if self.armed:
+                raise DemoFailure(self.armed)
             return h
 
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), Fail(), torch.nn.Linear(64, 4)).to(dev)
-    model = obs.compile(model, backend="eager")
+    fail = Fail()
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), fail, torch.nn.Linear(64, 4)).to(dev)
+    compiled = obs.compile(model, backend="eager")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(512, 32, device=dev)
     y = (x[:, :4] * 2.0 + 0.1 * torch.randn(512, 4, device=dev))
@@ -107,82 +241,201 @@ def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None =
     with obs.subscribe(obs.Event.STEP_END, on_step_end), obs.subscribe(obs.Event.MODULE_ENTER, on_module):
         hooks = dict(adapter.installed)
         for i in range(steps):
+            if tour is not None and i == steps - 1:
+                report("the last step, with the data dump", i)
+                tour.start_dump(tracker.step)  # iteration N is step N + 1
+            net = compiled
+            if fail_at is not None and tracker.step + 1 == fail_at:  # in eager: a compiled model is not retraced
+                fail.armed, net = f"injected failure at step {fail_at} (obs demo --fail-at)", model
             batch = slice((i * 64) % 512, (i * 64) % 512 + 64)
             opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch])
+            loss = torch.nn.functional.mse_loss(net(x[batch]), y[batch])
             loss.backward()
             opt.step()
             losses.append(loss.item())
             if print_file and i % 10 == 0:
                 obs.Print(f"step {i + 1} loss:", loss.detach(), "first layer bias:", model.state_dict()["0.bias"][:4])
             report("training", i + 1)
-    produced, next_commands = [], ["obs options", "obs config check obs_config.json",
-                                   "obs run --config obs_config.json your_train.py"]
-    _point_to_outputs(print_file, produced, next_commands)
+        fault = None
+        if tour is not None:
+            report("injecting a fault", steps)
+            fault = _inject_fault(model, fail, x[:8])
     first_steps_ms, step_ms = split_warmup(durations)
-    return DemoResult(
+    result = DemoResult(
         device=str(dev), steps=steps, first_loss=losses[0], last_loss=losses[-1],
         step_ms=step_ms, first_steps_ms=first_steps_ms, events=dict(counts),
-        hooks=hooks, settings={k: v for k, v in snapshot().items()}, env_config=obs.env_config(),
-        produced=produced, next_commands=next_commands)
+        hooks=hooks, settings={k: v for k, v in snapshot().items()}, env_config=obs.env_config(), fault=fault)
+    if tour is not None:
+        result.outputs = _tour_outputs(tour)
+    else:
+        result.next_commands = ["obs options", "obs config check obs_config.json",
+                                "obs run --config obs_config.json your_train.py"]
+        _point_to_outputs(print_file, result)
+    return result
 
 
-def _point_to_outputs(print_file: str, produced: list[str], next_commands: list[str]) -> None:
+def _inject_fault(model: Any, fail: Any, x: Any) -> str:
+    """An evaluation forward that raises in a module: the Running Data Recorder writes a bundle of it."""
+    import torch
+
+    fail.armed = "injected failure after training (obs demo's fault for the Running Data Recorder)"
+    try:
+        with torch.no_grad():
+            model(x)
+    except DemoFailure as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        fail.armed = ""
+    raise RuntimeError("obs demo: the injected fault did not raise")  # pragma: no cover - Fail always raises
+
+
+def _tour_outputs(tour: Tour) -> dict[str, str]:
+    """What the tour's features are writing, read from them while they are on (checked on disk later)."""
+    import obs
+    from obs.features.printing import feature as printing
+
+    outputs = {"folder": tour.folder, "env_config": tour.config, "env_config_with_dump": tour.dump_config}
+    live = obs.rdr.recorder()
+    if live is not None and live.dumps:
+        outputs["rdr_bundle"] = live.dumps[-1]
+    if printing.path:
+        outputs["print_file"] = printing.path
+    outputs.update(_profile_outputs())
+    graphs = obs.graphs.feature.files()
+    if graphs.entries:
+        outputs["graphs"] = graphs.folder
+        outputs["graph"] = os.path.join(graphs.folder, graphs.entries[0]["files"]["ir"])
+    outputs["data_dump"] = tour.at("dump")
+    return outputs
+
+
+def _profile_outputs() -> dict[str, str]:
     import obs
 
+    live = obs.profiling.session()
+    if live is None or _otlp_endpoint(live):
+        return {}
+    return {"perfetto_trace": os.path.join(live.folder, "trace.json"),
+            "otlp_json_lines": os.path.join(live.folder, "traces.otlp.jsonl")}
+
+
+def _otlp_endpoint(live: Any) -> str:
+    return (live.request.endpoint or env.text(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+            or env.text(env.OTEL_EXPORTER_OTLP_ENDPOINT))
+
+
+# -- where things went: with settings ---------------------------------------------------------------
+
+def _point_to_outputs(print_file: str, result: DemoResult) -> None:
+    import obs
+
+    produced, next_commands, outputs = result.produced, result.next_commands, result.outputs
     if print_file:
         from obs.features.printing import feature
 
         written = feature.path or print_file
         produced.append(f"{written} (Print records)")
+        outputs["print_file"] = written
         next_commands.insert(0, f"obs print {written}")
     else:
         next_commands.insert(0, "obs demo --set print_file_path=demo_print.pb")
-    _point_to_profile(produced, next_commands)
+    _point_to_profile(result)
     live = obs.rdr.recorder()
     if live is not None:
         when = "on faults and at exit" if live.config.mode == 2 else "on faults (try --fail-at 20)"
         produced.append(f"{live.dir} (RDR ring while it runs, gone after a clean exit with nothing to report; "
                         f"bundles {when})")
+        outputs["rdr"] = live.dir
         next_commands.insert(0, f"obs rdr ls {live.config.path or '.'}   # bundles, written {when}")
     else:
         next_commands.insert(1, "obs demo --config obs_config.json --fail-at 20   # with rdr.enable true in the file")
-    _point_to_graphs(produced, next_commands)
+    _point_to_graphs(result)
 
 
-def _point_to_graphs(produced: list[str], next_commands: list[str]) -> None:
+def _point_to_graphs(result: DemoResult) -> None:
     from obs.features.graphs import feature
 
     if feature.level == 0:
-        next_commands.append("obs demo --set save_graphs=2   # graph/IR dumps: .ir files, verbose copies")
+        result.next_commands.append("obs demo --set save_graphs=2   # graph/IR dumps: .ir files, verbose copies")
         return
     files = feature.files()
     entries = files.entries
     if not entries:
         return
     stages = ", ".join(sorted({e["stage"] for e in entries}))
-    produced.append(f"{files.folder} ({len(entries)} graph(s): {stages}; index.json lists them)")
+    result.produced.append(f"{files.folder} ({len(entries)} graph(s): {stages}; index.json lists them)")
+    result.outputs["graphs"] = files.folder
     first = entries[0]["files"]
     commands = [f"obs graph ls {files.folder}", f"obs graph show {os.path.join(files.folder, first['ir'])}"]
     if "dot" in first:
         commands.append(f"obs graph render {os.path.join(files.folder, first['dot'])}")
-    next_commands[0:0] = commands
+    result.next_commands[0:0] = commands
 
 
-def _point_to_profile(produced: list[str], next_commands: list[str]) -> None:
+def _point_to_profile(result: DemoResult) -> None:
     from obs import profiling
 
     live = profiling.session()
     if live is None:
         return
-    if live.request.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
-            os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        produced.append(f"spans sent over OTLP (summary in {live.folder}, at exit)")
+    if _otlp_endpoint(live):
+        result.produced.append(f"spans sent over OTLP (summary in {live.folder}, at exit)")
     else:
-        produced.append(f"{live.folder}/trace.json (open it in https://ui.perfetto.dev) and traces.otlp.jsonl, "
-                        "written by the exporter process as steps end")
-    next_commands.insert(0, f"obs trace summary {live.request.output}")
+        result.produced.append(f"{live.folder}/trace.json (open it in https://ui.perfetto.dev) and "
+                               "traces.otlp.jsonl, written by the exporter process as steps end")
+        result.outputs.update(_profile_outputs())
+    result.next_commands.insert(0, f"obs trace summary {live.request.output}")
 
+
+# -- where things went: the tour --------------------------------------------------------------------
+
+#: (key in outputs, what it is, the command that opens it, a note)
+_TOUR_COMMANDS = (
+    ("rdr_bundle", "RDR bundle", "obs rdr show {}", "the RDR bundle of the fault injected at the end"),
+    ("perfetto_trace", "Perfetto trace", "obs trace summary {}", "Perfetto trace: or open it in "
+     "https://ui.perfetto.dev"),
+    ("otlp_json_lines", "OTLP JSON lines", "obs trace summary {}", "the profiler's spans as OTLP JSON lines "
+     "(obs trace export re-sends them)"),
+    ("print_file", "print file", "obs print {}", "what obs.Print wrote"),
+    ("graphs", "graphs", "obs graph ls {}", "the compiled model's graphs (save_graphs=2)"),
+    ("graph", "", "obs graph show {}", ""),
+    ("data_dump", "statistic dump", "obs dump ls {}", "the statistic dump of the last step"),
+    ("data_dump", "", "obs dump stats {} --limit 12", ""),
+    ("env_config_with_dump", "", "obs config check {}", "the settings the demo ran with"),
+)
+
+
+def _finish_tour(result: DemoResult) -> None:
+    """After the features closed: keep the outputs that are on disk and name the command that opens each."""
+    result.outputs = {k: v for k, v in result.outputs.items() if os.path.exists(v)}
+    for key, what, command, note in _TOUR_COMMANDS:
+        path = result.outputs.get(key)
+        if path is None:
+            continue
+        shown = _shown(path)
+        if what:
+            result.produced.append(f"{shown} ({what})")
+        result.next_commands.append(command.format(shlex.quote(shown)) + (f"   # {note}" if note else ""))
+    result.next_commands += ["obs run --config obs_config.json your_train.py   # your script, with your settings",
+                             "obs options   # every setting"]
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the current folder when it is inside it (``obs_demo/...``), else absolute."""
+    relative = os.path.relpath(path)
+    return path if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
+
+
+def _say_written(before: int) -> None:
+    """On stderr, what obs wrote since ``before`` items (as ``obs run`` says at exit)."""
+    from obs._core.outputs import written
+    from obs.cli._render import say_written
+
+    for kind, path in written()[before:]:
+        say_written(kind, path)
+
+
+# -- the command ------------------------------------------------------------------------------------
 
 @contextmanager
 def _progress_bar(steps: int) -> Iterator[Progress | None]:
@@ -203,12 +456,18 @@ def _progress_bar(steps: int) -> Iterator[Progress | None]:
 
 def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, Any]], as_json: bool,
                      fail_at: int | None = None) -> int:
+    if config or sets or env.text(env.OBS_CONFIG):
+        return _run_with_settings(steps, config=config, sets=sets, as_json=as_json, fail_at=fail_at)
+    return _run_tour(steps, as_json=as_json, fail_at=fail_at)
+
+
+def _run_with_settings(steps: int, *, config: str | None, sets: list[tuple[str, Any]], as_json: bool,
+                       fail_at: int | None) -> int:
     from obs.cli._run import apply_settings, say_what_obs_wrote
 
     # Registered before any obs exit handler, so it runs after them (a mode-2 bundle, the last fsync).
     atexit.register(say_what_obs_wrote)
     from obs import profiling
-
     from obs.cli._trace_view import print_exit_summary
 
     profiling.feature.exit_listeners.append(print_exit_summary)  # the profile's summary at the end, when on
@@ -219,18 +478,48 @@ def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, An
             result = run_demo(steps, fail_at, progress)
     except DemoFailure as exc:
         return _report_failure(exc, as_json=as_json)
+    elapsed = time.perf_counter() - start
+    return _report(result, elapsed, as_json=as_json)
+
+
+def _run_tour(steps: int, *, as_json: bool, fail_at: int | None) -> int:
+    """Every feature on, into ./obs_demo/; everything closed (files complete) before the report."""
+    import obs
+    from obs._core.outputs import written
+
+    if steps < 2:
+        raise ValueError(f"--steps must be at least 2 without --config or --set (got {steps}): the compiled model "
+                         "trains first, then the last step is dumped")
+    before = len(written())
+    tour = Tour(prepare_folder(DEMO_FOLDER))
+    start = time.perf_counter()
+    failed: int | None = None
+    try:
+        tour.start()
+        with _progress_bar(steps) as progress:
+            result = run_demo(steps, fail_at, progress, tour)
+    except DemoFailure as exc:  # --fail-at: a step failed, as asked
+        failed = _report_failure(exc, as_json=as_json)
     finally:
         elapsed = time.perf_counter() - start
+        obs.reset_context()  # closes every feature: the trace exported, the print file synced, the ring removed
+    if failed is None:
+        _finish_tour(result)
+        failed = _report(result, elapsed, as_json=as_json)
+    _say_written(before)
+    return failed
+
+
+def _report(result: DemoResult, elapsed: float, *, as_json: bool) -> int:
     if as_json:
         from obs.cli._render import print_json
 
         print_json(asdict(result))
         return 0
-    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
 
-    from obs.cli._render import console
+    from obs.cli._render import console, markup_text
 
     out = console()
     table = Table(show_header=False, box=None)
@@ -242,11 +531,20 @@ def run_demo_command(steps: int, *, config: str | None, sets: list[tuple[str, An
     table.add_row("loss", f"{result.first_loss:.4f} → {result.last_loss:.4f}")
     table.add_row("events seen", ", ".join(f"{k}={v}" for k, v in sorted(result.events.items())))
     table.add_row("hooks installed", ", ".join(k for k, v in result.hooks.items() if v) or "none")
-    table.add_row("settings", escape(", ".join(f"{k}={v!r}" for k, v in result.settings.items()) or "defaults"))
+    table.add_row("settings", markup_text(", ".join(f"{k}={v!r}" for k, v in result.settings.items()) or "defaults"))
     rdr = result.env_config["rdr"]
-    table.add_row("rdr", escape(f"enable={rdr['enable']} mode={rdr['mode']} path={rdr['path'] or '.'}"))
-    table.add_row("produced", escape(", ".join(result.produced)) or "nothing on disk (no file feature on)")
+    table.add_row("rdr", markup_text(f"enable={rdr['enable']} mode={rdr['mode']} path={rdr['path'] or '.'}"))
+    if result.fault is None:
+        table.add_row("produced", markup_text(", ".join(result.produced)) or "nothing on disk (no file feature on)")
+    else:  # the tour: its paths are listed below, whole
+        table.add_row("produced", f"./{DEMO_FOLDER}/ (replaced on each run), listed below")
     out.print(Panel(table, title="obs demo", expand=False))
+    if result.fault is not None:
+        out.print(f"The fault injected at the end was expected ({markup_text(result.fault)}); the Running Data "
+                  "Recorder wrote a bundle of it.", soft_wrap=True)
+        out.print(f"In ./{DEMO_FOLDER}/:")
+        for line in result.produced:
+            out.print(f"  {markup_text(line)}", soft_wrap=True, highlight=False)
     _print_next(out, result.next_commands)
     return 0
 
@@ -262,17 +560,17 @@ def _step_time(result: DemoResult) -> str:
 
 def _print_next(out: Any, commands: list[str]) -> None:
     """``Next:`` and each command on its own line, whole (soft wrap: rich never breaks it)."""
-    from rich.markup import escape
+    from obs.cli._render import markup_text
 
     out.print("Next:")
     for command in commands:
         text, _, note = command.partition("   # ")
-        line = f"  [cyan]{escape(text)}[/]" + (f"   [dim]# {escape(note)}[/]" if note else "")
+        line = f"  [cyan]{markup_text(text)}[/]" + (f"   [dim]# {markup_text(note)}[/]" if note else "")
         out.print(line, soft_wrap=True, highlight=False)
 
 
 def _report_failure(exc: DemoFailure, *, as_json: bool) -> int:
-    """The injected failure: say where the RDR bundle is (if the recorder is on) and exit 1."""
+    """The failure ``--fail-at`` injected: say where the RDR bundle is (if the recorder is on) and exit 1."""
     import obs
 
     live = obs.rdr.recorder()
@@ -282,14 +580,12 @@ def _report_failure(exc: DemoFailure, *, as_json: bool) -> int:
 
         print_json({"failed": str(exc), "bundle": bundle})
         return 1
-    from rich.markup import escape
-
-    from obs.cli._render import console, error
+    from obs.cli._render import console, error, markup_text
 
     error(str(exc))
     out = console()
     if bundle:
-        out.print(f"RDR wrote [bold]{escape(bundle)}[/]", soft_wrap=True)
+        out.print(f"RDR wrote [bold]{markup_text(bundle)}[/]", soft_wrap=True)
         _print_next(out, [f"obs rdr show {bundle}"])
     else:
         out.print("Turn the Running Data Recorder on to get a post-mortem bundle:", soft_wrap=True)

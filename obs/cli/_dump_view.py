@@ -128,7 +128,8 @@ def run_stats(path: str, *, op: str | None, iteration: int | None, io: str | Non
                 table.add_column(c, justify="right" if c not in ("op", "io", "dtype", "shape") else "left",
                                  overflow="fold" if c == "op" else "ellipsis")
         table.add_row(str(r.step.iteration if r.step else ""), markup_text(r.op_name), r.io, str(r.slot),
-                      markup_text(r.data_type), "(" + ",".join(map(str, r.shape)) + ")", *(_fmt(r.stats.get(c)) for c in columns))
+                      markup_text(r.data_type), "(" + ",".join(map(str, r.shape)) + ")",
+                      *(_fmt(r.stats.get(c)) for c in columns))
         count += 1
     if count:
         console().print(table)

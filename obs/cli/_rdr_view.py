@@ -77,8 +77,8 @@ def run_ls(path: str | None, *, as_json: bool) -> int:
     for ring in listing.rings:
         out.print(Text.assemble(("ring of pid ", "yellow"), (f"{ring.pid} was never dumped (process killed?): ",
                                                                "yellow"), clean(ring.path)), soft_wrap=True)
-        out.print(Text(f"  turn it into a bundle with: obs rdr recover {shlex.quote(clean(os.path.dirname(ring.path)))}"),
-                  soft_wrap=True)
+        ring_folder = shlex.quote(clean(os.path.dirname(ring.path)))
+        out.print(Text(f"  turn it into a bundle with: obs rdr recover {ring_folder}"), soft_wrap=True)
     for folder in listing.incomplete:
         out.print(Text(f"interrupted dump (ignored): {clean(folder)}", style="dim"), soft_wrap=True)
     for exc in listing.skipped:

@@ -23,7 +23,7 @@ EXIT_OK, EXIT_PROBLEM = 0, 1
 
 def load_summary(path: str) -> Any:
     """The :class:`TraceSummary` of a file or an output folder."""
-    from exporters.summary import SummaryBuilder, TraceSummary, Timing
+    from exporters.summary import SummaryBuilder, Timing, TraceSummary
     from exporters.trace_reader import folder_files, read_status
 
     builder = SummaryBuilder()
@@ -139,9 +139,10 @@ def print_exit_summary(status: Mapping[str, Any]) -> None:
 
 def run_export(path: str, *, endpoint: str, protocol: str, as_json: bool) -> int:
     """Re-send the OTLP JSON lines of ``path`` (a file or a folder) to ``endpoint``."""
+    from opentelemetry.sdk.resources import Resource
+
     from exporters.otlp import OtlpSender, readable_spans
     from exporters.trace_reader import iter_otlp_requests, read_otlp_jsonl, request_spans
-    from opentelemetry.sdk.resources import Resource
 
     if os.path.isdir(path):
         from exporters.trace_reader import folder_files

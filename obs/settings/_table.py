@@ -83,8 +83,9 @@ class OptionTable(Mapping[str, Option]):
         """Check every key of one call; raise on the first bad one, before anything is applied.
 
         ``None`` as a value means "back to the default", and so does the default itself where the
-        validator would refuse it (``''`` for an unset path): ``set_context(k=get_context(k))`` always works.  Keys scoped to devices other than
-        ``device`` are validated, then dropped with a warning (sub-keys of dict options too).
+        validator would refuse it (``''`` for an unset path): ``set_context(k=get_context(k))`` always works.  Keys
+        scoped to devices other than ``device`` are validated, then dropped with a warning (sub-keys of dict options
+        too).
         """
         values: dict[str, Any] = {}
         unset: list[str] = []

@@ -145,7 +145,7 @@ class Choice(Validator):
 
     def __call__(self, value: Any, name: str) -> Any:
         types = {type(v) for v in self.values}
-        if isinstance(value, bool) and bool not in types or not isinstance(value, tuple(types)):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, tuple(types)):
             raise type_fail(name, f"one of {show(list(self.values))}", value)
         if value not in self.values:
             hint = did_you_mean(value, [str(v) for v in self.values]) if isinstance(value, str) else ""

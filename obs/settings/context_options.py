@@ -9,10 +9,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from obs.settings.profiler_options import ProfilingOptions
 from obs.settings._table import Option, OptionTable
-from obs.settings._validators import (Bool, Choice, Dict, ExistingFile, Int, Mapped, SaveGraphsLevel, Size, Str,
-                                      Validator, fail, type_fail)
+from obs.settings._validators import (
+    Bool,
+    Choice,
+    Dict,
+    ExistingFile,
+    Int,
+    Mapped,
+    SaveGraphsLevel,
+    Size,
+    Str,
+    Validator,
+    fail,
+    type_fail,
+)
+from obs.settings.profiler_options import ProfilingOptions
 
 __all__ = ["CONTEXT_OPTIONS", "GRAPH_MODE", "PYNATIVE_MODE", "STRICT", "COMPATIBLE", "LAX", "RELEASE", "DEBUG",
            "CONV_FPROP_ALGOS", "CONV_DGRAD_ALGOS", "CONV_WGRAD_ALGOS"]

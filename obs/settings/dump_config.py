@@ -404,7 +404,8 @@ def describe_dump(cfg: DumpConfig) -> list[str]:
     """Plain sentences saying what a dump config does."""
     what = {"statistic": "statistics (statistic.csv)", "tensor": "tensors (.npy)", "full": "tensors and statistics"}
     io = {0: "inputs and outputs", 1: "inputs", 2: "outputs"}[cfg.input_output]
-    ops = "every op" if cfg.dump_mode == 0 or cfg.kernel_filter.everything else f"the ops in kernels {list(cfg.kernels)}"
+    ops = "every op" if cfg.dump_mode == 0 or cfg.kernel_filter.everything else \
+        f"the ops in kernels {list(cfg.kernels)}"
     if cfg.op_debug_mode == 3:
         return [f"NaN/Inf check (op_debug_mode 3): the first op output holding NaN/Inf is dumped under "
                 f"{cfg.path}/rank_<r>/nan_check/"]

@@ -143,7 +143,7 @@ class GradLinks:
                     stack.append(child)
         for watch in open_:
             count = edges[(id(watch.node), watch.slot)]
-            if count == 0 or count == 1 and id(watch.consumer) in seen:
+            if count == 0 or (count == 1 and id(watch.consumer) in seen):
                 watch.state = _SKIP
             else:
                 watch.arm()

@@ -23,7 +23,7 @@ A statistics-only dump consumes ops in C++ where ``obs/features/dump/_fast_rows.
 (:mod:`obs.features.dump.native_rows`): its ``on_op`` is :meth:`DataDump._on_op` without a Python frame per op,
 and calls back here only for what is done once per op type or full name (:meth:`DataDump._new_kind`,
 :meth:`DataDump._name_entry`) and for backward ops' modules.  Both write the same files.
-"""
+"""  # noqa: E501 - the layout above names each file whole
 
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ import torch
 from obs._core import outputs, safe_files
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
-from obs.features.dump._layout import escape_name, inside, npy_bytes, write_new
 from obs.features.dump._autograd_scopes import ModuleSpans
-from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
-from obs.settings.dump_config import DumpConfig
+from obs.features.dump._layout import escape_name, inside, npy_bytes, write_new
 from obs.features.dump._rows import Op, StatisticRows, each_tensor
+from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
 from obs.runtime.steps import tracker
+from obs.settings.dump_config import DumpConfig
 from obs.settings.parallel import rank
 
 __all__ = ["DataDump", "op_type"]

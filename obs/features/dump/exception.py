@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
-from obs.runtime.torch._autograd_calls import AutogradCall
 from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._tensors import tensors_in
 from obs.features.dump.capture import python_stack, write_capture
 from obs.runtime.steps import tracker
+from obs.runtime.torch._autograd_calls import AutogradCall
 from obs.settings.parallel import rank
 
 __all__ = ["ExceptionDump", "dump_of"]

@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from obs.settings.dump_config import ENV_VARS, DumpConfig, load_dump_config, parse_dump_config
 from obs.features import env_config as env_feature
 from obs.settings._context import snapshot
 from obs.settings.context_options import CONTEXT_OPTIONS
+from obs.settings.dump_config import ENV_VARS, DumpConfig, load_dump_config, parse_dump_config
 
 __all__ = ["DumpFeature", "feature"]
 

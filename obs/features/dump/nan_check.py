@@ -6,7 +6,8 @@ non-finite value from finite inputs, such as ReLU or MaxPool, is not read again 
 found finite in this step), and, when ``backward`` is on, puts a
 gradient hook on the first output that requires grad, so the gradient reaching that module in
 backward is checked too (except where such a module's backward makes it from a gradient already
-checked: :mod:`obs.features.dump._grad_links`).  Op granularity: every aten op's outputs (OP_OUTPUT), forward and backward.
+checked: :mod:`obs.features.dump._grad_links`).  Op granularity: every aten op's outputs (OP_OUTPUT), forward and
+backward.
 Each check is one sum (:func:`obs.features.dump.stats.nonfinite_counts`); exact counts only when it fails.
 
 On a finding (the first of a step, up to ``limit`` in all): a FAULT event ``nan_inf`` (recorded by
@@ -28,12 +29,12 @@ import torch
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.features.dump import native_nan
-from obs.runtime.torch._autograd_calls import AutogradCall
 from obs.features.dump._grad_links import ELEMENTWISE_BACKWARD, MAX_POOLS, GradLinks, preserves_in_backward
 from obs.features.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
 from obs.features.dump.capture import python_stack, write_capture
 from obs.features.dump.stats import nonfinite_counts
 from obs.runtime.steps import tracker
+from obs.runtime.torch._autograd_calls import AutogradCall
 from obs.settings.parallel import rank
 
 __all__ = ["NanCheck", "NonFiniteError"]

@@ -3,8 +3,8 @@
 Compiled against the installed torch the first time a NaN check at module granularity starts (or ahead of time
 with ``obs native build``), into obs's cache of native builds (:mod:`obs._core.native`).  Where
 it cannot be built, or ``OBS_NATIVE_DUMP=0`` asks for the Python path, :func:`module_check` returns None and
-:class:`~obs.features.dump.nan_check.NanCheck` checks in Python (the log says why, once).  Both find the same places: the
-tests run both.
+:class:`~obs.features.dump.nan_check.NanCheck` checks in Python (the log says why, once).  Both find the same places:
+the tests run both.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ import numpy as np
 
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
-from obs.settings.dump_config import CATEGORY_COLUMNS
 from obs.features.dump.statistic_csv import FIXED_COLUMNS
+from obs.settings.dump_config import CATEGORY_COLUMNS
 
 __all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "TensorKey", "load_npy", "parse_tensor_name",
            "read_statistic_csv"]
@@ -301,7 +301,8 @@ class DumpReader:
         pattern = re.compile(query) if use_regex and query else None
         out = []
         for s in self._steps:
-            if (iterations is not None and s.iteration not in iterations) or (ranks is not None and s.rank not in ranks):
+            if (iterations is not None and s.iteration not in iterations) or \
+                    (ranks is not None and s.rank not in ranks):
                 continue
             for t in self.tensors(s):
                 name_ok = pattern.search(t.op_name) if pattern else query in t.op_name

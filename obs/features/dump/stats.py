@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from obs._core.native import Installed
 from obs._core.internal import suppressed
+from obs._core.native import Installed
 
 #: The C statistics pass, built by setup.py; without it (no C compiler, OBS_NATIVE_STATS=0) torch does it all.
 #: Read once, when this module is first imported.
@@ -43,8 +43,8 @@ def nonfinite_counts(tensor: torch.Tensor) -> tuple[int, int, int] | None:
     with suppressed():
         t, _ = _unexpanded(tensor.detach())
         total = t.sum().item()
-        if not isinstance(total, complex) and math.isfinite(total) or isinstance(total, complex) and \
-                cmath.isfinite(total):
+        if (not isinstance(total, complex) and math.isfinite(total)) or (isinstance(total, complex)
+                                                                          and cmath.isfinite(total)):
             return None
         t = tensor.detach()
         nan = torch.isnan(t).sum()
@@ -175,7 +175,7 @@ def _readable(tensor: torch.Tensor, dtype: torch.dtype) -> int | None:
     return code
 
 
-def _native_nonfinite(tensor: torch.Tensor) -> tuple[int, int, int] | None | bool:
+def _native_nonfinite(tensor: torch.Tensor) -> tuple[int, int, int] | bool | None:
     """The C gate on a dense CPU tensor: None when all finite, else the exact counts; False when the torch
     path must decide."""
     t = _host_dense(tensor)
@@ -238,7 +238,7 @@ def _torch_values(tensor: torch.Tensor, need: frozenset[str]) -> dict[str, Any]:
                 lo, hi = torch.aminmax(t) if t.is_contiguous() else (t.amin(), t.amax())
                 add("min", lo)
                 add("max", hi)
-            if "avg" in need or not (need & {"max", "min", "l2norm"}) and floating:
+            if "avg" in need or (not (need & {"max", "min", "l2norm"}) and floating):
                 add("sum", t.sum(dtype=torch.float64) if not floating else t.sum())
             if "l2norm" in need:
                 add("l2norm", torch.linalg.vector_norm(t if floating else t.to(torch.float64)))

@@ -19,7 +19,8 @@ import torch
 from obs.features.graphs.model import Abstract, Graph, IrFile, Node, Param
 from printsink.dtypes import NAME_OF_TORCH
 
-__all__ = ["abstract_of", "describe", "describe_compiled", "describe_export", "dtype_name", "frames_of", "literal", "op_name", "scope_parts"]
+__all__ = ["abstract_of", "describe", "describe_compiled", "describe_export", "dtype_name", "frames_of", "literal",
+           "op_name", "scope_parts"]
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+), in (?P<func>.*)$')
 _SOURCE_ROOT = re.compile(r"^L\[['\"]([^'\"]*)['\"]\]|^L__([A-Za-z_]\w*?)__")
@@ -56,7 +57,7 @@ def abstract_of(value: Any, *, extras: bool = True) -> Abstract:
     """The type of a value FX recorded (a fake tensor, a SymInt, a Python scalar, a tuple of them)."""
     if value is None:
         return Abstract("None")
-    if isinstance(value, torch.Tensor) or hasattr(value, "shape") and hasattr(value, "dtype"):
+    if isinstance(value, torch.Tensor) or (hasattr(value, "shape") and hasattr(value, "dtype")):
         more: list[str] = []
         if extras:
             try:

@@ -4,8 +4,8 @@ A :class:`Tracer` is armed by the graphs feature at ``save_graphs`` >= 1 in PYNA
 step and module events (so scopes are tracked), pushes a dispatch mode when the first step begins
 and pops it when that step ends, or when the root module is called again first (a loop without
 ``optimizer.step()``, or gradient accumulation: one forward and backward is traced); then it
-unsubscribes, so the adapter removes its hooks and later steps cost nothing.  Forward ops get the scope of the module they ran under
-(``Default/net-Net/fc1-Linear/addmm-op0``); backward ops that of the forward op they differentiate,
+unsubscribes, so the adapter removes its hooks and later steps cost nothing.  Forward ops get the scope of the module
+they ran under (``Default/net-Net/fc1-Linear/addmm-op0``); backward ops that of the forward op they differentiate,
 under ``Gradients/`` (matched by autograd's sequence numbers).
 """
 

@@ -1,7 +1,7 @@
 """The profiler, wired to the settings: ``enable_profiling`` / ``profiling_options`` and the env config
 ``profiler`` section (see :mod:`obs.settings.profiler_options`).
 
-While it is on, a :class:`obs.features.profiler.session.ProfileSession` records step, phase (and module, op)
+While it is on, a :class:`obs.features.profiler.profile_session.ProfileSession` records step, phase (and module, op)
 timings into its ring and an exporter process turns them into spans.  A change of settings (a
 hot reload is applied at a step boundary, on the training thread) ends the session in force (its
 exporter drains and ends on its own) and starts one for the new settings; switching off ends it.
@@ -21,12 +21,12 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from obs.settings.profiler_options import ProfileRequest, request
 from obs.features import env_config as env_feature
 from obs.settings._context import get_context
+from obs.settings.profiler_options import ProfileRequest, request
 
 if TYPE_CHECKING:
-    from obs.features.profiler.session import ProfileSession
+    from obs.features.profiler.profile_session import ProfileSession
 
 __all__ = ["ProfilerFeature", "ProfilerDropWarning", "feature", "last_status", "session"]
 
@@ -80,7 +80,7 @@ class ProfilerFeature:
 
     def _start(self, want: ProfileRequest) -> None:
         from obs.features import rdr
-        from obs.features.profiler.session import ProfileSession
+        from obs.features.profiler.profile_session import ProfileSession
         from obs.settings.parallel import rank, world_size
 
         run_id, run_id_known = _run_id()

@@ -26,12 +26,12 @@ from typing import Any
 from obs._core import outputs, safe_files
 from obs._core.events import Event, Subscription, bus
 from obs.settings.profiler_options import ProfileRequest
+from recorder.layout import PHASE_CODES
 
 __all__ = ["ProfileSession"]
 
 logger = logging.getLogger("obs")
 
-_PHASES = {"data": 0, "forward": 1, "backward": 2, "optimizer": 3}
 _EXIT_WAIT_S = 15.0
 _fallback_said = False
 
@@ -106,7 +106,7 @@ class ProfileSession:
             step_ring(end, 0, 0, number, duration_ns, 0)
 
         def on_phase(name: str, begin_ns: int, end_ns: int) -> None:
-            step_ring(phase, 0, _PHASES.get(name, 9), tracker.step, begin_ns, end_ns)
+            step_ring(phase, 0, PHASE_CODES.get(name, 9), tracker.step, begin_ns, end_ns)
 
         add = self._subs.append
         add(bus.subscribe(Event.STEP_BEGIN, on_step_begin))
