@@ -78,7 +78,7 @@ class DemoFolderError(ObsError, ValueError):
 
 
 def split_warmup(durations_ns: list[int]) -> tuple[list[float], float]:
-    """``(first steps' ms, steady-state median ms)``: up to WARMUP_STEPS first steps, always keeping one for the median."""
+    """``(first steps' ms, steady-state median ms)``: up to WARMUP_STEPS first steps, keeping one for the median."""
     if not durations_ns:
         return [], 0.0
     warm = min(WARMUP_STEPS, len(durations_ns) - 1)
@@ -120,7 +120,8 @@ def prepare_folder(path: str = DEMO_FOLDER) -> str:
     if os.path.lexists(path):
         why = _is_demo_folder(path)
         if why is not None:
-            raise DemoFolderError(f"{path!r} exists and is not a folder obs demo made ({why}); obs demo writes "
+            shown = path if os.path.isabs(path) else os.path.join(os.curdir, path)
+            raise DemoFolderError(f"{shown} exists and is not a folder obs demo made ({why}); obs demo writes "
                                   f"into ./{DEMO_FOLDER}/ and replaces it on each run: move it away, or run obs demo "
                                   "in another folder")
         shutil.rmtree(path)  # fd-based on Linux: symlinks inside are removed, never followed
@@ -243,8 +244,8 @@ def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None =
         for i in range(steps):
             if tour is not None and i == steps - 1:
                 report("the last step, with the data dump", i)
-                tour.start_dump(tracker.step)  # iteration N is step N + 1
-            net = compiled
+                tour.start_dump(tracker.step)  # the next step's iteration: iterations count from 0, steps from 1
+            net = compiled if tour is None or i < steps - 1 else model  # the dumped step runs eagerly anyway
             if fail_at is not None and tracker.step + 1 == fail_at:  # in eager: a compiled model is not retraced
                 fail.armed, net = f"injected failure at step {fail_at} (obs demo --fail-at)", model
             batch = slice((i * 64) % 512, (i * 64) % 512 + 64)
@@ -416,7 +417,8 @@ def _finish_tour(result: DemoResult) -> None:
         if what:
             result.produced.append(f"{shown} ({what})")
         result.next_commands.append(command.format(shlex.quote(shown)) + (f"   # {note}" if note else ""))
-    result.next_commands += ["obs run --config obs_config.json your_train.py   # your script, with your settings",
+    result.next_commands += [f"obs run --config obs_config.json your_train.py   # your script: start from a copy of "
+                             f"{_shown(result.outputs.get('env_config', 'obs_config.json'))}",
                              "obs options   # every setting"]
 
 
@@ -540,8 +542,10 @@ def _report(result: DemoResult, elapsed: float, *, as_json: bool) -> int:
         table.add_row("produced", f"./{DEMO_FOLDER}/ (replaced on each run), listed below")
     out.print(Panel(table, title="obs demo", expand=False))
     if result.fault is not None:
-        out.print(f"The fault injected at the end was expected ({markup_text(result.fault)}); the Running Data "
-                  "Recorder wrote a bundle of it.", soft_wrap=True)
+        kept = ("the Running Data Recorder wrote a bundle of it" if "rdr_bundle" in result.outputs
+                else "but the Running Data Recorder wrote no bundle of it (see the warnings above)")
+        out.print(f"The fault injected at the end was expected ({markup_text(result.fault)}); {kept}.",
+                  soft_wrap=True)
         out.print(f"In ./{DEMO_FOLDER}/:")
         for line in result.produced:
             out.print(f"  {markup_text(line)}", soft_wrap=True, highlight=False)
