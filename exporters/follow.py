@@ -13,7 +13,6 @@ the final drain (a trainer that died mid-step gives an incomplete last step).
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import struct
@@ -23,11 +22,11 @@ import numpy as np
 
 from exporters.spans import ModuleCall, OpCall, Phase, StepRecord
 from obs._core import safe_files
-from recorder.layout import BLOB, BLOB_SIZE, PHASE_NAMES, SLOT, STRINGS_USED_AT, Header, Kind
-from recorder.ring_reader import SLOT_DTYPE
+from recorder.layout import PHASE_NAMES, STRINGS_USED_AT, Header, Kind
+from recorder.ring_reader import SLOT_DTYPE, read_blobs, read_strings, region_slots
 
 __all__ = ["PHASE_NAMES", "RingFollower", "StepAssembler"]
-_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 
 
 class RingFollower:
@@ -54,35 +53,19 @@ class RingFollower:
         return t + (self.header.wall_ns - self.header.mono_ns)
 
     def _read_strings(self) -> None:
-        used = min(struct.unpack_from("<Q", self._mm, STRINGS_USED_AT)[0], self.header.strings.capacity)
-        base, at = self.header.strings.offset, self._strings_at
-        while at + 4 <= used:
-            (length,) = _U32.unpack_from(self._mm, base + at)
-            if at + 4 + length > used:
-                break
-            self.strings.append(bytes(self._mm[base + at + 4:base + at + 4 + length]).decode("utf-8", "replace"))
-            at += 4 + length
-        self._strings_at = at
+        used = _U64.unpack_from(self._mm, STRINGS_USED_AT)[0]  # the live count, not the header's at open
+        new, self._strings_at = read_strings(self._mm, self.header, start=self._strings_at, used=used)
+        self.strings += new
 
     def string(self, sid: int) -> str:
         return self.strings[sid] if 0 <= sid < len(self.strings) else "?"
 
     def _read_markers(self) -> None:
         """Marker blobs not read before (a blob's seq is written last: 0 while it is being written)."""
-        found = []
-        for i in range(self.header.blobs.capacity):
-            at = self.header.blobs.offset + i * BLOB_SIZE
-            seq, _, kind, length, idx = BLOB.unpack_from(self._mm, at)
-            if seq and idx > self._last_blob and kind == Kind.MARKER and length <= BLOB_SIZE - BLOB.size:
-                try:
-                    payload = json.loads(bytes(self._mm[at + BLOB.size:at + BLOB.size + length]))
-                except ValueError:
-                    continue
-                if isinstance(payload, dict):
-                    found.append((idx, payload))
-        for idx, payload in sorted(found, key=lambda x: x[0]):
-            self.markers.append(payload)
-            self._last_blob = idx
+        for idx, _, _, kind, payload in read_blobs(self._mm, self.header):
+            if idx > self._last_blob and kind == Kind.MARKER and isinstance(payload, dict):
+                self.markers.append(payload)
+                self._last_blob = idx
 
     def poll(self, *, final: bool = False) -> np.ndarray:
         """The settled slots not returned before, sorted by seq (``final``: every written slot)."""
@@ -90,7 +73,7 @@ class RingFollower:
         self._read_markers()
         parts, top = [], self._settled_seq
         for region in self.header.rings:
-            slots = np.frombuffer(self._mm, SLOT_DTYPE, region.capacity, region.offset).copy()  # one snapshot
+            slots = region_slots(self._mm, region)
             where = np.nonzero(slots["idx"] > np.uint64(self._last_idx[region.name]))[0]
             if not len(where):
                 continue
@@ -114,9 +97,6 @@ class RingFollower:
 
     def close(self) -> None:
         self._mm.close()
-
-
-assert SLOT_DTYPE.itemsize == SLOT.size
 
 
 class StepAssembler:

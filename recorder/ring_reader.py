@@ -29,11 +29,13 @@ from obs._core.errors import NotOurFileError
 from recorder.collective_desc import COLLECTIVE_STATES
 from recorder.layout import BLOB, BLOB_SIZE, HEADER_SIZE, SLOT, Header, Kind
 
-__all__ = ["RingContents", "read_header_file", "read_ring", "read_ring_file"]
+__all__ = ["SLOT_DTYPE", "RingContents", "read_blobs", "read_header_file", "read_ring", "read_ring_file",
+           "read_strings", "region_slots"]
 
 SLOT_DTYPE = np.dtype([("seq", "<u8"), ("idx", "<u8"), ("t", "<i8"), ("kind", "<u2"), ("flags", "<u2"),
                        ("a", "<i4"), ("b", "<i8"), ("c", "<i8"), ("d", "<i8")])
 assert SLOT_DTYPE.itemsize == SLOT.size
+_U32 = struct.Struct("<I")
 _STATES = COLLECTIVE_STATES
 _OPEN_SHOWN = 64  # innermost open modules reported (deeper nests are interleaved threads, not a real stack)
 
@@ -93,6 +95,7 @@ class RingContents:
 
         Every event has a ``step``: module, step and memory slots store it, the others get
         :meth:`steps`' (blobs keep a ``step`` of their own payload)."""
+        lines: list[str]
         if kinds is None:
             slots, lines = self.slots, self._slot_lines().tolist()
         else:
@@ -199,11 +202,11 @@ def read_ring(data: Any, *, path: str = "<ring>") -> RingContents:
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
     header = Header.decode(view, path=path)
-    strings = _strings(view, header)
+    strings, _ = read_strings(view, header)
     parts, dropped = [], {}
     for region in header.rings:  # Header.decode checked that every region lies inside the file
-        slots = np.frombuffer(view, SLOT_DTYPE, region.capacity, region.offset)
-        slots = slots[slots["seq"] > 0].copy()
+        slots = region_slots(view, region)
+        slots = slots[slots["seq"] > 0]
         top = int(slots["idx"].max()) if len(slots) else 0
         dropped[region.name] = max(0, top - region.capacity)
         parts.append(slots)
@@ -226,7 +229,7 @@ def read_ring_file(path: str, *, fd: int | None = None) -> RingContents:
     """Read the ring file ``path`` (opened with ``safe_files.open_private``: no symlink, a regular file of
     this user), or the already open ``fd`` (left open)."""
     own = fd is None
-    if own:
+    if fd is None:
         fd = safe_files.open_private(path)
     try:
         return read_ring(_read_all(fd, path), path=path)
@@ -238,7 +241,7 @@ def read_ring_file(path: str, *, fd: int | None = None) -> RingContents:
 def read_header_file(path: str, *, fd: int | None = None) -> Header:
     """Only the header of ring file ``path`` (checked against the file's size), as cheaply as possible."""
     own = fd is None
-    if own:
+    if fd is None:
         fd = safe_files.open_private(path)
     try:
         size = os.fstat(fd).st_size
@@ -251,32 +254,51 @@ def read_header_file(path: str, *, fd: int | None = None) -> Header:
             os.close(fd)
 
 
-def _strings(view: memoryview, header: Header) -> list[str]:
-    out, at = [], header.strings.offset
-    end = at + min(header.strings_used, header.strings.capacity)
+def read_strings(view: Any, header: Header, *, start: int = 0, used: int | None = None) -> tuple[list[str], int]:
+    """The interned strings from byte ``start`` of the string table up to ``used`` bytes (default: the header's
+    count; a follower reads the live count), and where the next read starts (after the last whole string)."""
+    base = header.strings.offset
+    end = min(header.strings_used if used is None else used, header.strings.capacity)
+    out, at = [], start
     while at + 4 <= end:
-        (length,) = struct.unpack_from("<I", view, at)
+        (length,) = _U32.unpack_from(view, base + at)
         if at + 4 + length > end:
             break
-        out.append(bytes(view[at + 4:at + 4 + length]).decode("utf-8", "replace"))
+        out.append(bytes(view[base + at + 4:base + at + 4 + length]).decode("utf-8", "replace"))
         at += 4 + length
-    return out
+    return out, at
 
 
-def _blobs(view: memoryview, header: Header) -> tuple[list[tuple[int, int, str, dict[str, Any]]], int]:
-    out, top = [], 0
+def read_blobs(view: Any, header: Header) -> list[tuple[int, int, int, int, Any]]:
+    """Every written blob as ``(idx, seq, t_ns, kind, payload)``, by idx; ``payload`` is None where its JSON is
+    torn (a process killed mid-write: a blob's seq is written last, so a blob being written is skipped)."""
+    out = []
     for i in range(header.blobs.capacity):
         at = header.blobs.offset + i * BLOB_SIZE
         seq, t, kind, length, idx = BLOB.unpack_from(view, at)
         if seq == 0 or length > BLOB_SIZE - BLOB.size:
             continue
-        top = max(top, idx)
         try:
             payload = json.loads(bytes(view[at + BLOB.size:at + BLOB.size + length]))
-        except (ValueError, RecursionError):  # a blob torn by a kill mid-write: keep the rest
-            payload = {"unreadable": True}
-        out.append((seq, t, _NAMES.get(kind, str(kind)), payload if isinstance(payload, dict) else {"value": payload}))
+        except (ValueError, RecursionError):
+            payload = None
+        out.append((idx, seq, t, kind, payload))
     out.sort(key=lambda b: b[0])
+    return out
+
+
+def region_slots(view: Any, region: Any) -> np.ndarray:
+    """A copy of one slot ring's slots (one snapshot of a live map)."""
+    return np.frombuffer(view, SLOT_DTYPE, region.capacity, region.offset).copy()
+
+
+def _blobs(view: memoryview, header: Header) -> tuple[list[tuple[int, int, str, dict[str, Any]]], int]:
+    blobs = read_blobs(view, header)
+    out = [(seq, t, _NAMES.get(kind, str(kind)),
+            {"unreadable": True} if payload is None else payload if isinstance(payload, dict) else {"value": payload})
+           for _, seq, t, kind, payload in blobs]
+    out.sort(key=lambda b: b[0])
+    top = max((b[0] for b in blobs), default=0)
     return out, max(0, top - header.blobs.capacity)
 
 
