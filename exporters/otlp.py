@@ -55,7 +55,7 @@ def resource(meta: Mapping[str, Any], *, rank: int, world_size: int, pid: int) -
     from opentelemetry.sdk.resources import Resource
 
     versions = meta.get("versions", {}) if isinstance(meta.get("versions"), dict) else {}
-    attrs = {"service.name": env.text(env.OTEL_SERVICE_NAME, "obs"),
+    attrs: dict[str, str | int] = {"service.name": env.text(env.OTEL_SERVICE_NAME, "obs"),
              "host.name": str(meta.get("host") or socket.gethostname()), "process.pid": pid,
              "process.runtime.name": "cpython", "ml.rank": rank, "ml.world_size": world_size,
              "ml.run_id": str(meta.get("run_id", "")), "ml.framework": "pytorch",
@@ -92,7 +92,7 @@ def request_json(readable: Sequence[Any]) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    data = MessageToDict(encode_spans(readable), use_integers_for_enums=True)
+    data: dict[str, Any] = MessageToDict(encode_spans(readable), use_integers_for_enums=True)
     for rs in data.get("resourceSpans", ()):
         for ss in rs.get("scopeSpans", ()):
             for span in ss.get("spans", ()):
@@ -177,7 +177,7 @@ class OtlpSender:
             self._inflight = len(batch)
             try:
                 result = self._exporter.export(batch)
-            except Exception as exc:  # an exporter bug or a transport we did not expect: counted, not fatal
+            except Exception as exc:  # noqa: BLE001 - an exporter bug or an unexpected transport: counted, not fatal
                 result, self.last_error = None, f"{type(exc).__name__}: {exc}"
             with self._lock:
                 self._queued -= len(batch)

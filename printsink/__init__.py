@@ -5,10 +5,17 @@
 """
 
 import obs._core.errors  # noqa: F401 - first: obs imports printsink's modules back while it initialises
-
 from printsink.encoder import CallMeta, encode_record
-from printsink.reader import (NotAPrintFile, PrintCall, PrintFileError, PrintFileWarning, TruncatedPrintFile,
-                              follow_print, iter_print, parse_print)
+from printsink.reader import (
+    NotAPrintFile,
+    PrintCall,
+    PrintFileError,
+    PrintFileWarning,
+    TruncatedPrintFile,
+    follow_print,
+    iter_print,
+    parse_print,
+)
 from printsink.values import TensorItem, normalize
 from printsink.writer import PrintFileFullWarning, PrintWriter
 

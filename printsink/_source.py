@@ -7,7 +7,7 @@ small values come from a 64 KiB read-ahead buffer.
 from __future__ import annotations
 
 import os
-from typing import BinaryIO
+from io import BufferedReader
 
 import numpy as np
 
@@ -32,7 +32,7 @@ class Corrupt(Exception):
 class Source:
     """A read buffer over a binary file that knows the file offset of every byte."""
 
-    def __init__(self, f: BinaryIO, start: int = 0) -> None:
+    def __init__(self, f: BufferedReader, start: int = 0) -> None:
         self.f, self.buf, self.pos, self.base = f, bytearray(), 0, start
 
     @property
@@ -105,7 +105,7 @@ class Source:
             self.pos += n
             return out
         out[:have] = np.frombuffer(self.buf, np.uint8, have, self.pos)
-        view = memoryview(out)[have:]
+        view = memoryview(out)[have:]  # type: ignore[arg-type]  # numpy's stubs: ndarray.__buffer__ on 3.12+ only
         while view:
             got = self.f.readinto(view)
             if not got:

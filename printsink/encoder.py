@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 from printsink.dtypes import SUPPORTED
 from printsink.values import Item
@@ -31,7 +31,7 @@ _INLINE_MAX = 16 * 1024  # contents up to this size are copied into the header b
 _META_TAG = bytes(((META_FIELD << 3) | 2,))
 _FIXED64 = struct.Struct("<Q").pack
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 
 class CallMeta(NamedTuple):

@@ -23,7 +23,8 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from io import BufferedReader
+from typing import Any
 
 import numpy as np
 
@@ -127,7 +128,7 @@ class _Parser:
                 meta = self._bounded(self._meta, "obs call metadata", bad)
                 if meta is not None:
                     self.ours = True
-                values = []
+                values: list[Any] = []
                 while meta is None or len(values) < meta.n_values:
                     at = src.offset
                     if not src.fill(1):
@@ -294,7 +295,7 @@ def _convert(data: np.ndarray, dtype: str, as_torch: bool) -> Any:
     return data
 
 
-def _open(path: str | os.PathLike[str]) -> tuple[str, BinaryIO, int]:
+def _open(path: str | os.PathLike[str]) -> tuple[str, BufferedReader, int]:
     """Open a print file for reading; only a regular file (a FIFO or device would block or never end)."""
     name = os.fspath(path)
     fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # FileNotFoundError names the path
@@ -309,7 +310,7 @@ def _open(path: str | os.PathLike[str]) -> tuple[str, BinaryIO, int]:
     return name, os.fdopen(fd, "rb"), info.st_size
 
 
-def _find_next(path: str, f: BinaryIO, after: int, size: int, as_torch: bool) -> int | None:
+def _find_next(path: str, f: BufferedReader, after: int, size: int, as_torch: bool) -> int | None:
     """The offset of the first intact record that starts after ``after``, or None (scans the rest of the file)."""
     head = os.pread(f.fileno(), 1, 0)
     pattern = _META_START if head == bytes((_META_TAG,)) else _VALUE_START
@@ -341,7 +342,7 @@ def _plausible_start(head: bytes) -> bool:
     return i >= len(head) or head[i] in ((0x08,) if head[0] == _META_TAG else (0x0A, 0x12))
 
 
-def _intact_at(path: str, f: BinaryIO, at: int, size: int, as_torch: bool) -> bool:
+def _intact_at(path: str, f: BufferedReader, at: int, size: int, as_torch: bool) -> bool:
     """Whether a whole, valid record starts at ``at`` and ends at the end of the file or where another starts."""
     src = Source(f, at)
     src.rewind(at)
@@ -374,7 +375,7 @@ def iter_print(path: str | os.PathLike[str], *, strict: bool = True, as_torch: b
         yield from _read(name, f, size, strict, as_torch)
 
 
-def _read(name: str, f: BinaryIO, size: int, strict: bool, as_torch: bool) -> Iterator[PrintCall]:
+def _read(name: str, f: BufferedReader, size: int, strict: bool, as_torch: bool) -> Iterator[PrintCall]:
     parser = _Parser(name, Source(f), as_torch)
     complete = skipped = skipped_bytes = 0
     first: tuple[int, str] = (0, "")
@@ -395,7 +396,7 @@ def _read(name: str, f: BinaryIO, size: int, strict: bool, as_torch: bool) -> It
             after = _find_next(name, f, start, size, as_torch)
             if after is None and complete == 0 and skipped == 0 and not parser.ours and not (
                     is_cut and _plausible_start(os.pread(f.fileno(), 8, 0))):
-                where = start if is_cut else exc.offset
+                where = exc.offset if isinstance(exc, Corrupt) else start
                 problem = "the file ends inside the first record" if is_cut else str(exc)
                 raise NotAPrintFile(name, f"no Print record at byte offset {where} ({problem})") from None
             if is_cut and after is None:
@@ -405,7 +406,7 @@ def _read(name: str, f: BinaryIO, size: int, strict: bool, as_torch: bool) -> It
                 truncated, cut_bytes, skipped_bytes = True, size - start, skipped_bytes + size - start
                 fact = f"the last record, at byte offset {start}, is truncated after {complete} complete record(s)"
                 break
-            offset = start if is_cut else exc.offset
+            offset = exc.offset if isinstance(exc, Corrupt) else start
             problem = (f"the record's lengths run past the end of the file, yet an intact record starts at byte "
                        f"offset {after}" if is_cut else str(exc))
             if strict:

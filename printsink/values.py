@@ -35,7 +35,8 @@ class TensorItem:
 
     def content(self) -> memoryview:
         """The tensor_content bytes, without copying."""
-        return memoryview(self.data.reshape(-1).view(np.uint8))
+        # numpy's stubs declare ndarray.__buffer__ on Python 3.12+ only; every ndarray has the buffer protocol
+        return memoryview(self.data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 Item = str | TensorItem

@@ -111,7 +111,8 @@ class PrintWriter:
         self.dropped_records += 1
         self.dropped_bytes += total
         if self.dropped_records == 1:
-            message = (f"obs.Print: {self.path!r}: {os.strerror(exc.errno or 0)} ({errno.errorcode.get(exc.errno or 0)});"
+            message = (f"obs.Print: {self.path!r}: {os.strerror(exc.errno or 0)} "
+                       f"({errno.errorcode.get(exc.errno or 0)});"
                        f" dropping Print records that do not fit (the file keeps every whole record written so far); "
                        f"further drops are counted, not warned")
             try:

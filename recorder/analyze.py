@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from obs._core import safe_files
 from recorder.bundle_reader import BAD_FILE, BundleInfo, list_bundles, load_bundle, parse_json
@@ -200,7 +200,7 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _is_rank(value: Any) -> bool:
+def _is_rank(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_RANKS
 
 

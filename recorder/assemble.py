@@ -36,8 +36,8 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
     if exc is not None:
         files["exception.json"] = _json(exc)
         files["exception.txt"] = exc["traceback"]
-    for i, (name, text) in enumerate(graphs or ()):
-        files[f"graphs/{i:02d}_{safe_name(name)}.ir"] = text
+    for i, (name, graph_text) in enumerate(graphs or ()):
+        files[f"graphs/{i:02d}_{safe_name(name)}.ir"] = graph_text
     meta = contents.header.meta
 
     def text(key: str) -> str | None:  # a recovered ring's header may be damaged: keep the manifest readable

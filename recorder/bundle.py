@@ -17,14 +17,14 @@ import re
 import secrets
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Union
+from typing import Any
 
 from obs._core import safe_files
 
 __all__ = ["SCHEMA_VERSION", "bundle_name", "safe_name", "write_bundle", "write_json_atomic"]
 
 SCHEMA_VERSION = 1
-Payload = Union[str, bytes, Iterable[str]]
+Payload = str | bytes | Iterable[str]
 TMP_PREFIX = ".tmp-"  #: an interrupted dump's folder starts with this (the readers skip and report it)
 
 

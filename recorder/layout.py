@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+import mmap
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -124,7 +125,7 @@ class Header:
         return out.ljust(HEADER_SIZE, b"\0")
 
     @classmethod
-    def decode(cls, data: bytes | memoryview, *, path: str = "<ring>", size: int | None = None) -> Header:
+    def decode(cls, data: bytes | memoryview | mmap.mmap, *, path: str = "<ring>", size: int | None = None) -> Header:
         """The header of a ring file of ``size`` bytes (default ``len(data)``), every field checked.
 
         Raises :class:`NotOurFileError` when ``data`` is not a ring file (magic, version) and
@@ -156,7 +157,7 @@ class Header:
         if n_rings > max_rings:
             raise damaged(HEADER.size - 4, f"{n_rings} rings do not fit in the header (at most {max_rings})")
         at = HEADER.size
-        rings = []
+        rings: list[Region] = []
         for _ in range(n_rings):
             raw, offset, capacity = REGION.unpack_from(data, at)
             try:

@@ -36,7 +36,7 @@ unavailable_reason = EXTENSION.unavailable_reason
 
 
 def _library() -> ctypes.CDLL | None:
-    lib = EXTENSION.load()
+    lib: ctypes.CDLL | None = EXTENSION.load()
     if lib is not None and lib.obs_ops_recorded.restype is not ctypes.c_uint64:
         lib.obs_ops_attach.restype = ctypes.c_int
         lib.obs_ops_attach.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p,
@@ -55,7 +55,8 @@ class OpObserver:
     def __init__(self, lib: ctypes.CDLL, ring: Any, *, inputs: bool) -> None:
         target = ring.slots("op")
         self._lib, self.pid = lib, os.getpid()
-        self._view = (ctypes.c_char * len(target.mm)).from_buffer(target.mm)  # released in release()
+        # released in release()
+        self._view: ctypes.Array[ctypes.c_char] | None = (ctypes.c_char * len(target.mm)).from_buffer(target.mm)
         api = hotpath().native_api()
         status = lib.obs_ops_attach(ctypes.addressof(self._view) + target.base, target.capacity,
                                     target.counter.address, target.seq.address, ring.table.address,

@@ -24,16 +24,15 @@ from typing import Any
 import numpy as np
 
 from obs._core import outputs, safe_files
-from obs._core.events import Event, Subscription, bus
+from obs._core.events import Event
 from obs._core.internal import report_internal_error
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
 from recorder.graph_texts import remove_graphs, write_graph
-from recorder.hotpath import hotpath
 from recorder.layout import DEFAULT_CAPACITY, Kind
 from recorder.ring import RingWriter
-from recorder.ring_handlers import module_handlers, op_handler, unsubscribe
+from recorder.ring_handlers import RingSubscriptions
 from recorder.ring_reader import RingContents, read_ring
 from recorder.stacks import all_stacks
 
@@ -124,9 +123,7 @@ class Recorder:
         self._graphs_seen = 0
         self._dump_lock = threading.Lock()
         self._dumping: int | None = None  # ident of the thread inside dump(), read without the lock
-        self._subs: list[Subscription] = []
-        self._writers: list[Any] = []  # C SlotWriters (recorder/_hotpath.c), released before the ring closes
-        self._module_writer: Any = None  # the C module writer, which keeps scopes for the native op observer
+        self._subs = RingSubscriptions(self.ring)
         #: called with a bundle's files before they are written: adds what others recorded (PyTorch's Flight Recorder)
         self.amend_files: Callable[[dict[str, Any]], Any] | None = None
         self._subscribe()
@@ -135,12 +132,13 @@ class Recorder:
     # -- subscriptions ------------------------------------------------------------------------
     def _subscribe(self) -> None:
         level = GRANULARITIES.index(self.config.granularity)
-        add = self._subs.append
-        add(bus.subscribe(Event.PRINT, self._on_print))
-        add(bus.subscribe(Event.FAULT, self._on_fault))
-        add(bus.subscribe(Event.SETTINGS_CHANGED, self._on_settings))
-        add(bus.subscribe(Event.GRAPH_COMPILED, self._on_graph))
-        add(bus.subscribe(Event.GRAPH_IR, self._on_graph_ir))
+        subs = self._subs
+        add = subs.add
+        add(Event.PRINT, self._on_print)
+        add(Event.FAULT, self._on_fault)
+        add(Event.SETTINGS_CHANGED, self._on_settings)
+        add(Event.GRAPH_COMPILED, self._on_graph)
+        add(Event.GRAPH_IR, self._on_graph_ir)
         if level >= 1:
             step = self.ring.appender("step")
             memory = self.ring.appender("memory")
@@ -149,8 +147,7 @@ class Recorder:
 
             def on_step_begin(number: int) -> None:
                 self.step = number
-                for writer in self._writers:
-                    writer.step = number
+                subs.step_begins(number)
                 step(Kind.STEP_BEGIN, 0, 0, number, 0, 0)
 
             def on_step_end(number: int, duration_ns: int) -> None:
@@ -167,38 +164,14 @@ class Recorder:
                 collective(Kind.COLLECTIVE, 1 if record.get("error") else 0, desc, int(record.get("seq", 0)),
                            int(record.get("duration_ns", 0)), state)
 
-            add(bus.subscribe(Event.STEP_BEGIN, on_step_begin))
-            add(bus.subscribe(Event.STEP_END, on_step_end))
-            add(bus.subscribe(Event.MEMORY, on_memory))
-            add(bus.subscribe(Event.COLLECTIVE, on_collective))
+            add(Event.STEP_BEGIN, on_step_begin)
+            add(Event.STEP_END, on_step_end)
+            add(Event.MEMORY, on_memory)
+            add(Event.COLLECTIVE, on_collective)
         if level >= 2:
-            self._subscribe_modules()
+            subs.modules(self)
         if level >= 3:
-            self._subscribe_ops()
-
-    # The module and op handlers (recorder/ring_handlers.py) write their slot inline, through the C hot path
-    # (recorder/_hotpath.c) when it is built; the Python ones are the fallback and the reference.
-    def _subscribe_modules(self) -> None:
-        enter, exit_, writer = module_handlers(self.ring, hotpath(), self)
-        self._module_writer = writer
-        if writer is not None:
-            self._writers.append(writer)
-        self._subs.append(bus.subscribe(Event.MODULE_ENTER, enter))
-        self._subs.append(bus.subscribe(Event.MODULE_EXIT, exit_))
-
-    def _subscribe_ops(self) -> None:
-        # PyTorch's RecordFunction, observed in C++ (recorder/native_ops.py), where it can be built:
-        # no Python per op.  Otherwise the dispatch mode's OP events.
-        from recorder import native_ops
-
-        native = native_ops.attach(self.ring, self._module_writer)
-        if native is not None:
-            self._writers.append(native)
-            return
-        handler, writer = op_handler(self.ring, hotpath())
-        if writer is not None:
-            self._writers.append(writer)
-        self._subs.append(bus.subscribe(Event.OP, handler))
+            subs.ops(native=True)
 
     # -- low-rate events (blobs) --------------------------------------------------------------
     def _on_print(self, values: Any, meta: Any) -> None:
@@ -316,7 +289,7 @@ class Recorder:
         if self.amend_files is not None:
             try:
                 self.amend_files(files)
-            except Exception as exc:  # the bundle goes out with what the ring holds
+            except Exception as exc:  # noqa: BLE001 - the bundle goes out with what the ring holds
                 report_internal_error("RDR bundle: amend_files", exc)
         try:
             path = write_bundle(self.dir, bundle_name(reason, contents.header.pid), manifest, files)
@@ -335,7 +308,7 @@ class Recorder:
     def _safe_settings(self) -> dict[str, Any]:
         try:
             return self._settings()
-        except Exception as exc:  # a settings bug must not cost the dump
+        except Exception as exc:  # noqa: BLE001 - a settings bug must not cost the dump
             report_internal_error("rdr settings snapshot", exc)
             return {}
 
@@ -408,7 +381,7 @@ class Recorder:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _unsubscribe(self) -> None:
-        unsubscribe(self._subs, self._writers)
+        self._subs.close()
 
     def detach(self) -> None:
         """In a forked child: stop recording without touching the parent's ring, marker or files.

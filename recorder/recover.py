@@ -149,7 +149,8 @@ def _recover_one(ring: str) -> tuple[str, Exception | None] | None:
         pid = contents.header.pid
         folder = os.path.dirname(ring)
         fatal_path = os.path.join(folder, f"fatal_{pid}.txt")
-        fatal, problem = "", None
+        fatal = ""
+        problem: Exception | None = None
         if os.path.lexists(fatal_path):
             try:
                 fatal = safe_files.read_private(fatal_path, limit=FATAL_LIMIT).decode("utf-8", "replace")

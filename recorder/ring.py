@@ -34,7 +34,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from obs._core import safe_files
@@ -89,8 +89,8 @@ class RingWriter:
             except OSError as exc:
                 raise OSError(exc.errno, f"cannot reserve {size} bytes for the ring file {path!r}: "
                                          f"{os.strerror(exc.errno or errno.EIO)}") from None
-            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            self._mm: mmap.mmap | None = mmap.mmap(fd, size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                                                   mmap.PROT_READ | mmap.PROT_WRITE)  # None once closed
             _populate_for_writing(self._mm)
         except BaseException:
             os.close(fd)
@@ -134,18 +134,20 @@ class RingWriter:
                 return sid
             data = text.encode("utf-8", "surrogatepass")
             if self.table is not None:
-                sid = self.table.append(data)
-                if sid >= 0:
-                    self.ids[text] = sid
-                return sid
+                appended: int = self.table.append(data)  # -1 when the table is full
+                if appended >= 0:
+                    self.ids[text] = appended
+                return appended
             at = self._strings_at
             if at + 4 + len(data) > self._strings_end:
                 return -1
-            _U32.pack_into(self._mm, at, len(data))
-            self._mm[at + 4:at + 4 + len(data)] = data
+            mm = self._mm
+            assert mm is not None, "intern() on a closed ring"
+            _U32.pack_into(mm, at, len(data))
+            mm[at + 4:at + 4 + len(data)] = data
             self._strings_at = at + 4 + len(data)
             # Published after the bytes: a crash in between leaves the entry invisible, never torn.
-            _U64.pack_into(self._mm, STRINGS_USED_AT, self._strings_at - self.header.strings.offset)
+            _U64.pack_into(mm, STRINGS_USED_AT, self._strings_at - self.header.strings.offset)
             sid = len(self.ids)
             self.ids[text] = sid
             return sid
@@ -161,10 +163,11 @@ class RingWriter:
     def slots(self, ring: str) -> SlotTarget:
         """What a hot path needs to write a slot of ``ring`` itself, inline (see :meth:`appender`)."""
         region = self.rings[ring]
+        assert self._mm is not None, "slots() of a closed ring"
         return SlotTarget(SLOT.pack_into, self._mm, region.offset, region.capacity, SLOT.size, self._counters[ring],
                           self.seq, time.perf_counter_ns)
 
-    def appender(self, ring: str):  # noqa: ANN201 - returns a specialised closure
+    def appender(self, ring: str) -> Callable[[int, int, int, int, int, int], None]:
         """A fast ``append(kind, flags, a, b, c, d)`` bound to one ring (hot paths keep it in a local)."""
         pack, mm, base, cap, size, counter, seq, clock = self.slots(ring)
 
@@ -181,6 +184,7 @@ class RingWriter:
         idx = next(self._blob_idx)
         at = self.blobs.offset + (idx % self.blobs.capacity) * BLOB_SIZE
         mm = self._mm
+        assert mm is not None, "blob() on a closed ring"
         BLOB.pack_into(mm, at, 0, time.perf_counter_ns(), int(kind), len(data), idx + 1)
         mm[at + BLOB.size:at + BLOB.size + len(data)] = data
         _U64.pack_into(mm, at, next(self.seq))  # seq last: a half-written blob reads as empty
@@ -188,6 +192,7 @@ class RingWriter:
     # -- lifecycle --------------------------------------------------------------------------
     def buffer(self) -> mmap.mmap:
         """The live map (read it with :func:`recorder.ring_reader.read_ring`)."""
+        assert self._mm is not None, "buffer() of a closed ring"
         return self._mm
 
     def abandon(self) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from obs._core.events import Event, Subscription, bus
+from recorder.hotpath import hotpath
 from recorder.layout import Kind
 from recorder.ring import RingWriter
 
-__all__ = ["describe_args", "module_handlers", "op_handler", "unsubscribe"]
+__all__ = ["RingSubscriptions", "describe_args", "module_handlers", "op_handler"]
 
 
 def _slot_args(ring: RingWriter, name: str) -> tuple[Any, ...]:
@@ -103,12 +105,60 @@ def describe_args(args: Any) -> str:
     return " ".join(parts)
 
 
-def unsubscribe(subs: list[Any], writers: list[Any]) -> None:
-    """Remove ``subs`` (bus subscriptions), then release ``writers`` (C SlotWriters, before their ring closes);
-    both lists are emptied."""
-    for sub in subs:
-        sub.remove()
-    subs.clear()
-    for writer in writers:
-        writer.release()
-    writers.clear()
+class RingSubscriptions:
+    """The bus subscriptions that fill one ring and the C writers they hold (the recorder's and the profiler's).
+
+    ``state.step`` is the step the Python module handlers stamp; :meth:`step_begins` sets the C writers' own.
+    :meth:`close` removes the subscriptions, then releases the writers (before their ring closes)."""
+
+    def __init__(self, ring: RingWriter) -> None:
+        self.ring = ring
+        self.subs: list[Subscription] = []
+        self.writers: list[Any] = []  # C SlotWriters (recorder/_hotpath.c) and the native op observer
+        self.module_writer: Any = None  # the C module writer, which keeps scopes for the native op observer
+
+    def __bool__(self) -> bool:
+        return bool(self.subs)
+
+    def add(self, event: Event, handler: Any) -> None:
+        self.subs.append(bus.subscribe(event, handler))
+
+    def step_begins(self, number: int) -> None:
+        for writer in self.writers:
+            writer.step = number
+
+    # The module and op handlers write their slot inline, through the C hot path when it is built; the
+    # Python ones are the fallback and the reference.
+    def modules(self, state: Any) -> None:
+        """MODULE_ENTER / MODULE_EXIT into the ring's ``module`` slots."""
+        enter, exit_, writer = module_handlers(self.ring, hotpath(), state)
+        self.module_writer = writer
+        if writer is not None:
+            self.writers.append(writer)
+        self.add(Event.MODULE_ENTER, enter)
+        self.add(Event.MODULE_EXIT, exit_)
+
+    def ops(self, *, native: bool) -> None:
+        """Op records into the ring's ``op`` slots: with ``native``, from PyTorch's RecordFunction observed in C++
+        (recorder/native_ops.py) where it can be built (no Python per op); otherwise the dispatch mode's OP
+        events."""
+        if native:
+            from recorder import native_ops
+
+            observer = native_ops.attach(self.ring, self.module_writer)
+            if observer is not None:
+                self.writers.append(observer)
+                return
+        handler, writer = op_handler(self.ring, hotpath())
+        if writer is not None:
+            self.writers.append(writer)
+        self.add(Event.OP, handler)
+
+    def close(self) -> None:
+        for sub in self.subs:
+            sub.remove()
+        self.subs.clear()
+        for writer in self.writers:
+            writer.release()
+        self.writers.clear()
+        self.module_writer = None

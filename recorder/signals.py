@@ -194,7 +194,7 @@ class SignalRelay:
                     return
                 try:
                     self._on_signal(signum)
-                except Exception as exc:  # never lose the watcher: the next signal must still work
+                except Exception as exc:  # noqa: BLE001 - never lose the watcher: the next signal must still work
                     report_internal_error("rdr signal watcher", exc)
 
     def _on_signal(self, signum: int) -> None:
@@ -246,7 +246,7 @@ class SignalRelay:
         if target is not None:
             try:
                 target.ending(signal.Signals(signum).name, self._complete)
-            except Exception as exc:  # the process ends anyway
+            except Exception as exc:  # noqa: BLE001 - the process ends anyway
                 report_internal_error("rdr signal ending", exc)
         if self.native is not None:
             self.native.die(signum)

@@ -38,7 +38,7 @@ def all_stacks() -> list[dict[str, Any]]:
     out = []
     for ident, frame in sys._current_frames().items():
         thread = names.get(ident)
-        frames = [{"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line or ""}
+        frames: list[dict[str, Any]] = [{"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line or ""}
                   for f in traceback.extract_stack(frame)]
         if ident == me:
             while len(frames) > 1 and frames[-1]["file"].startswith(_OURS):

@@ -104,7 +104,7 @@ class Triggers:
     def _dump(self, reason: str, **kwargs: Any) -> None:
         try:
             self.recorder.dump(reason, **kwargs)
-        except Exception as exc:  # a failed dump must not change how the process ends
+        except Exception as exc:  # noqa: BLE001 - a failed dump must not change how the process ends
             report_internal_error(f"rdr dump ({reason})", exc)
 
     def _sys_hook(self, etype: type[BaseException], value: BaseException, tb: Any) -> None:

@@ -64,7 +64,7 @@ def run_script(script: str, args: list[str], *, config: str | None, sets: list[t
             return code
         print(code, file=sys.stderr)
         return 1
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - the script's own uncaught error, shown as python would
         # Through sys.excepthook, as an uncaught exception of `python script.py` would go, so the
         # Running Data Recorder (and any hook the user installed) sees it.
         exc = exc.with_traceback(_from_script(exc.__traceback__, path))

@@ -132,7 +132,7 @@ class StepTracker:
         for watcher in self._watchers:
             try:
                 watcher()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; a hook's bug must not break the training loop
                 report_internal_error(f"step demand watcher {getattr(watcher, '__qualname__', watcher)}", exc)
 
     # -- boundaries ---------------------------------------------------------------------------
@@ -167,7 +167,7 @@ class StepTracker:
             self._memory_ns = now
             try:
                 stats = probe()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; a hook's bug must not break the training loop
                 report_internal_error("memory probe", exc)
             else:
                 bus.emit(Event.MEMORY, number, stats)
@@ -178,7 +178,7 @@ class StepTracker:
         for hook in self.at_boundary:
             try:
                 hook()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; a hook's bug must not break the training loop
                 report_internal_error("step boundary hook", exc)
 
     def auto_begin(self) -> None:

@@ -120,7 +120,7 @@ def _swap(old: Mapping[str, Any], new: dict[str, Any], source: str) -> None:
         for applier in reversed(touched):
             try:
                 applier.commit(applier.prepare(old, back), old, back)
-            except Exception as exc:  # the original failure is the one the caller must see
+            except Exception as exc:  # noqa: BLE001 - the original failure is the one the caller must see
                 report_internal_error(f"settings rollback of {type(applier).__name__}", exc)
         raise
     if first:

@@ -85,7 +85,7 @@ class FileWatcher:
                 self._deadline = None
             try:
                 self._on_change()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; the watcher thread lives on
                 report_internal_error("config watcher callback", exc)
             with self._cond:
                 self.callbacks += 1

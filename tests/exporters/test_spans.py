@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from exporters.step_filter import StepSelection, parse_steps
-from exporters.spans import ModuleCall, OpCall, Phase, StepRecord, build_spans, trace_id
-
 import pytest
+
+from exporters.spans import ModuleCall, OpCall, Phase, StepRecord, build_spans, trace_id
+from exporters.step_filter import StepSelection, parse_steps
 
 MS = 1_000_000
 
@@ -21,7 +21,8 @@ def record(step: int = 7) -> StepRecord:
                  ModuleCall("Default/net-MSELoss", 2 * MS, 3 * MS)]
     r.ops = [OpCall("addmm", "Default/net-Net/fc1-Linear", 100, 900_000),
              OpCall("relu", "Default/net-Net/blk-Block", MS + 600_000, MS + 700_000),
-             OpCall("mm", "", 4 * MS, 6 * MS), OpCall("mm", "", 6 * MS, 7 * MS), OpCall("add_", "", 8 * MS, 8 * MS + 10)]
+             OpCall("mm", "", 4 * MS, 6 * MS), OpCall("mm", "", 6 * MS, 7 * MS),
+             OpCall("add_", "", 8 * MS, 8 * MS + 10)]
     return r
 
 

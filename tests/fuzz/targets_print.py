@@ -8,12 +8,12 @@ with a damaged record in the middle.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
 
 from obs._core.errors import DamagedFileError, NotOurFileError
-
 from printsink.dtypes import NUMPY_OF
 from printsink.encoder import CallMeta, encode_bytes, varint
 from printsink.reader import NotAPrintFile, PrintFileWarning, iter_print, parse_print
@@ -80,7 +80,7 @@ def _api(path: str) -> None:
             assert isinstance(strict_error, NotAPrintFile), f"strict gave {strict_error!r}, strict=False 'not ours'"
             raise
     assert not isinstance(strict_error, NotAPrintFile), "strict=False read a file strict called 'not ours'"
-    assert all(a.end <= b.offset for a, b in zip(calls, calls[1:])), "records overlap"
+    assert all(a.end <= b.offset for a, b in itertools.pairwise(calls)), "records overlap"
     if strict_error is not None:
         raise strict_error
 

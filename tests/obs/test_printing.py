@@ -376,7 +376,7 @@ def test_a_name_at_the_limit_is_fine_until_its_timestamped_twin_would_be_too_lon
     obs.Print("fits")
     obs.reset_context()
     assert obs.parse_print(path) == ["fits"]
-    with pytest.raises(ValueError, match="exists, and the name output would go to instead .* is longer"):
+    with pytest.raises(ValueError, match=r"exists, and the name output would go to instead .* is longer"):
         obs.set_context(print_file_path=str(path))
     assert obs.get_context("print_file_path") == "" and os.listdir(tmp_path) == [path.name]
 

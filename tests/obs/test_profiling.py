@@ -81,7 +81,7 @@ def test_a_session_records_and_its_exporter_writes_the_files_when_it_ends(tmp_pa
 
 
 def test_without_a_subprocess_the_exporter_runs_on_a_thread_and_says_so_once(tmp_path, monkeypatch, caplog):
-    import obs.features.profiler.session as ps
+    import obs.features.profiler.profile_session as ps
 
     def refuse(*args, **kwargs):
         raise OSError(11, "Resource temporarily unavailable")
@@ -111,7 +111,7 @@ def test_hot_reload_turns_profiling_off_and_on_at_step_boundaries(tmp_path):
         time.sleep(1.5)  # the watcher stages it; the end of step 5 applies it
         proc.stdin.write("\n")
         proc.stdin.flush()
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, err

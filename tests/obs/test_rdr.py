@@ -134,7 +134,7 @@ def test_hot_reload_turns_the_recorder_on_and_off(tmp_path):
         assert obs.rdr.recorder() is None
         for enabled in (True, False):
             path.write_text(json.dumps({"rdr": {"enable": enabled, "path": str(tmp_path / "out")}}))
-            assert env_feature.wait_staged(lambda cfg: cfg.values["rdr"]["enable"] is enabled, 10)
+            assert env_feature.wait_staged(lambda cfg: cfg.values["rdr"]["enable"] is enabled, 10)  # noqa: B023 - waited on here
             assert (obs.rdr.recorder() is None) is enabled  # staged: applied at the next step boundary
             with obs.step():
                 pass

@@ -1,7 +1,8 @@
 """Cost of recording collectives on a 2-rank DDP training loop (gloo, CPU).
 
 Run: python tests/perf/bench_dist.py [--rounds 16] [--jobs 3] [--steps 40] [--out bench-dist.json]
-     python tests/perf/bench_dist.py --instructions [--out bench-dist-instructions.json]  (valgrind: see _instructions.py)
+     python tests/perf/bench_dist.py --instructions [--out bench-dist-instructions.json]
+         (valgrind: see _instructions.py)
 Target (issue "Multi-rank"): recording collectives adds <= 2% per step over the same run without obs.
 
 Two ranks (torch.multiprocessing, one core each where the machine has two) train the same
@@ -33,8 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -43,13 +44,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-import obs  # noqa: E402
-from _harness import Workload, measure, measure_rounds, paired_ratios, report  # noqa: E402
-from obs.runtime.torch._ddp import DdpHooks  # noqa: E402
+import obs
+from obs.runtime.torch._ddp import DdpHooks
+
+from _harness import Workload, measure, measure_rounds, paired_ratios, report
 
 WORLD = 2  #: ranks of the multi-rank job (a one-rank job runs first)
 #: untimed steps after a variant is switched on: a recorder's first ~10 steps on two ranks are up to twice as slow
@@ -237,8 +239,9 @@ def main() -> None:
         for name, row in counted.items():
             print(f"  {name:<12} {row['per_step']:>12,} instructions per step  {row['ratio']:.4f}")
         with open(args.out, "w") as fh:
-            json.dump({"benchmark": "bench_dist --instructions", "torch": torch.__version__, "steps": min(args.steps, 20),
-                       "instructions": counted, "targets": {"rdr step": "<= 1.02"}}, fh, indent=2)
+            json.dump({"benchmark": "bench_dist --instructions", "torch": torch.__version__,
+                       "steps": min(args.steps, 20), "instructions": counted, "targets": {"rdr step": "<= 1.02"}},
+                      fh, indent=2)
         print(f"wrote {args.out}")
         return
     results, per_job, events, boundary, paired = {}, {}, [], {}, {}

@@ -181,6 +181,7 @@ def main() -> None:
         return
     if args.child:
         import torch
+
         from _harness import pin_to_one_core
 
         pin_to_one_core()

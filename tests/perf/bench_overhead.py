@@ -14,10 +14,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
+import torch
 
-import obs  # noqa: E402
-from _harness import cnn, measure, mlp, report  # noqa: E402
+import obs
+
+from _harness import cnn, measure, mlp, report
 
 
 def plain():

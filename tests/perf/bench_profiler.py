@@ -52,10 +52,11 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
     stays; a round resumes one of them (pausing removes every hook, so "plain" is plain PyTorch)."""
     import torch
 
-    from _harness import cnn, mlp, paired_ratios
     from obs import rdr
+    from obs.features.profiler.profile_session import ProfileSession
     from obs.settings.profiler_options import ProfileRequest
-    from obs.features.profiler.session import ProfileSession
+
+    from _harness import cnn, mlp, paired_ratios
 
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = url
     tmp = tempfile.mkdtemp(prefix="obs-bench-prof-")
@@ -117,8 +118,9 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
 def drops_over_1000_steps(url: str) -> dict[str, object]:
     """1,000 MLP steps at the default budget (task_trace, so every step fills more of it), exported to the receiver."""
     import obs
-    from _harness import mlp
     from obs import profiling
+
+    from _harness import mlp
 
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = url
     workload = mlp()

@@ -29,11 +29,21 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
+import torch
 
-import obs  # noqa: E402
-from _harness import (STEADY_MALLOC, Workload, cnn, in_processes, measure_rounds, median_ratios, mlp,  # noqa: E402
-                      paired_ratios, pin_to_one_core)
+import obs
+
+from _harness import (
+    STEADY_MALLOC,
+    Workload,
+    cnn,
+    in_processes,
+    measure_rounds,
+    median_ratios,
+    mlp,
+    paired_ratios,
+    pin_to_one_core,
+)
 
 TMP = tempfile.mkdtemp(prefix="obs-bench-rdr-")
 atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # its rings are reserved on disk: ~100 MB a process
@@ -54,7 +64,7 @@ def rdr(granularity: str, pure_python: bool = False, native: bool = True):
         os.environ["OBS_NATIVE_OPS"] = "1" if native else "0"
         obs.set_context(env_config_path=path)
         live = obs.rdr.recorder()
-        assert live is not None and (granularity in ("off", "step") or bool(live._writers) is not pure_python)
+        assert live is not None and (granularity in ("off", "step") or bool(live._subs.writers) is not pure_python)
         if granularity == "op":
             from recorder import native_ops
 

@@ -14,8 +14,15 @@ import pytest
 
 from obs._core.errors import DamagedFileError, NotOurFileError
 from printsink.encoder import CallMeta, encode_bytes, varint
-from printsink.reader import (MAX_RANK, NotAPrintFile, PrintFileError, PrintFileWarning, TruncatedPrintFile,
-                              iter_print, parse_print)
+from printsink.reader import (
+    MAX_RANK,
+    NotAPrintFile,
+    PrintFileError,
+    PrintFileWarning,
+    TruncatedPrintFile,
+    iter_print,
+    parse_print,
+)
 from printsink.values import normalize
 from tests.printsink.print_pb2 import Print
 

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 from printsink.dtypes import NUMPY_OF
 from printsink.encoder import CallMeta, encode_bytes
-from printsink.reader import (PrintFileError, PrintFileWarning, TruncatedPrintFile, follow_print, iter_print,
-                              parse_print)
+from printsink.reader import PrintFileError, PrintFileWarning, TruncatedPrintFile, follow_print, iter_print, parse_print
 from printsink.values import normalize
 from printsink.writer import PrintWriter
 from tests.printsink.print_pb2 import Print
@@ -69,7 +68,7 @@ def test_round_trip_of_dtypes_shapes_and_strings(tmp_path_factory, calls):
 def test_scalars_are_0d_and_as_torch_gives_tensors(tmp_path):
     path = tmp_path / "p.pb"
     write_calls(path, [("s", 2.5, 7, True, torch.ones(2, dtype=torch.bfloat16) * 1.5)])
-    s, f, i, b, bf = parse_print(path)
+    _, f, i, b, bf = parse_print(path)
     assert (f.shape, f.item(), i.item(), b.item()) == ((), 2.5, 7, True)
     assert bf.dtype == np.float32 and bf.tolist() == [1.5, 1.5]
     tensors = parse_print(path, as_torch=True)
@@ -115,10 +114,10 @@ def test_empty_tensor_round_trips(tmp_path):
 
 
 def test_missing_empty_and_directory(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope.pb"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.pb"):
         parse_print(tmp_path / "nope.pb")
     (tmp_path / "empty.pb").write_bytes(b"")
-    with pytest.raises(ValueError, match="empty.pb.*is empty"):
+    with pytest.raises(ValueError, match=r"empty\.pb.*is empty"):
         parse_print(tmp_path / "empty.pb")
     with pytest.raises(IsADirectoryError):
         parse_print(tmp_path)

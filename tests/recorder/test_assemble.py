@@ -47,7 +47,8 @@ def test_a_users_own_raise_has_no_library_frame():
     assert record["where"]["function"] == "boom" and record["raised_in"] is None
 
 
-def test_obs_wrapper_frames_are_dropped_from_every_chained_exception(tmp_path):
+@pytest.mark.native("RECORDER")  # the C module call wrapper has no frame; the Python one's are dropped
+def test_obs_wrapper_frames_are_dropped_from_every_chained_exception(tmp_path, native_path):
     """Real obs module events (the wrapper is installed) and a chained cause: no obs frame in what is printed."""
     import json
 
@@ -76,8 +77,9 @@ def test_obs_wrapper_frames_are_dropped_from_every_chained_exception(tmp_path):
     assert text.count("linear.py") == 1 and "net(torch.ones(2, 4))" in text
 
 
+@pytest.mark.native("RECORDER", "OPS")  # ops from the native observer, the dispatch mode, the Python handlers
 @pytest.mark.parametrize("granularity", ["op"])
-def test_op_dispatch_frames_are_cut(tmp_path, granularity):
+def test_op_dispatch_frames_are_cut(tmp_path, granularity, native_path):
     import json
 
     import obs

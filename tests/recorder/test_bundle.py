@@ -25,7 +25,7 @@ def test_written_atomically_privately_with_a_file_listing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [os.path.basename(path)]  # no temporary left
     manifest = json.loads((tmp_path / os.path.basename(path) / "manifest.json").read_text())
     assert manifest["files"] == ["events.jsonl", "graphs/g.ir"]
-    for root, dirs, files in os.walk(path):
+    for root, _dirs, files in os.walk(path):
         assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
         assert all(stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode) == 0o600 for f in files)
 
@@ -55,12 +55,12 @@ def test_listing_is_newest_first_and_skips_interrupted_dumps(tmp_path):
 
 
 def test_bad_bundles_are_named(tmp_path):
-    with pytest.raises(ValueError, match="no RDR bundle under .*graphs"):
+    with pytest.raises(ValueError, match=r"no RDR bundle under .*graphs"):
         load_bundle(str(make(tmp_path) + "/graphs"))
     path = make(tmp_path, created_ns=5)
     with open(os.path.join(path, "manifest.json"), "w") as fh:
         fh.write("{not json")
-    with pytest.raises(DamagedFileError, match="manifest.json: not valid JSON at byte 1") as caught:
+    with pytest.raises(DamagedFileError, match=r"manifest\.json: not valid JSON at byte 1") as caught:
         load_bundle(path)
     assert caught.value.offset == 1 and caught.value.path.endswith("manifest.json")
     newer = make(tmp_path, created_ns=6, schema_version=99)

@@ -78,7 +78,8 @@ def cli(capsys, *args):
     return code, capsys.readouterr().out
 
 
-def test_a_clean_job_analyzes_consistent_with_subgroups_by_position_async_and_p2p(tmp_path, capsys):
+@pytest.mark.native("RECORDER")  # every rank's collectives through the C hot path, and through the Python handlers
+def test_a_clean_job_analyzes_consistent_with_subgroups_by_position_async_and_p2p(tmp_path, capsys, native_path):
     code, out = torchrun(tmp_path, 3, "clean", mode=2)
     assert code == 0, out
     run_ids = set()
@@ -156,7 +157,7 @@ def test_a_rank_waiting_in_ddps_bucket_all_reduce_dumps_it_in_flight_from_the_wa
 
 
 def test_a_ddp_rank_that_stalls_past_gloos_timeout_is_named_and_the_waiting_rank_failed_in_the_bucket(tmp_path):
-    code, out = torchrun(tmp_path, 2, "ddp_hang")
+    code, _ = torchrun(tmp_path, 2, "ddp_hang")
     assert code != 0
     result = analyze(str(tmp_path / "rdr"))
     assert result.culprits == [1], result.verdict
@@ -167,7 +168,7 @@ def test_a_ddp_rank_that_stalls_past_gloos_timeout_is_named_and_the_waiting_rank
 
 
 def test_a_killed_ddp_rank_is_named_at_the_bucket_it_never_reached_after_recover(tmp_path, capsys):
-    code, out = torchrun(tmp_path, 2, "ddp_kill")
+    code, _ = torchrun(tmp_path, 2, "ddp_kill")
     assert code != 0
     root = str(tmp_path / "rdr")
     assert main(["rdr", "recover", root]) == 0
@@ -182,7 +183,7 @@ def test_a_killed_ddp_rank_is_named_at_the_bucket_it_never_reached_after_recover
 
 
 def test_a_ddp_rank_killed_before_any_peer_waited_on_it_is_named_after_recover(tmp_path, capsys):
-    code, out = torchrun(tmp_path, 2, "ddp_kill_first")  # torchrun stops rank 0 in its data loading at step 3
+    code, _ = torchrun(tmp_path, 2, "ddp_kill_first")  # torchrun stops rank 0 in its data loading at step 3
     assert code != 0
     root = str(tmp_path / "rdr")
     assert main(["rdr", "recover", root]) == 0
@@ -222,7 +223,7 @@ def test_a_rank_that_skips_an_all_reduce_is_named(tmp_path, capsys):
 
 
 def test_a_rank_with_a_mismatched_size_is_named(tmp_path, capsys):
-    code, out = torchrun(tmp_path, 3, "size")
+    code, _ = torchrun(tmp_path, 3, "size")
     assert code != 0
     main(["rdr", "recover", str(tmp_path / "rdr")])  # a rank gloo aborted (SIGABRT) left its ring
     capsys.readouterr()
@@ -235,7 +236,7 @@ def test_a_rank_with_a_mismatched_size_is_named(tmp_path, capsys):
 
 
 def test_a_rank_that_raises_is_the_culprit_and_the_others_failed_in_the_collective(tmp_path):
-    code, out = torchrun(tmp_path, 3, "raises")
+    code, _ = torchrun(tmp_path, 3, "raises")
     assert code != 0
     result = analyze(str(tmp_path / "rdr"))
     assert result.culprits == [1] and result.raised == [0, 1, 2], result
@@ -246,7 +247,8 @@ def test_a_rank_that_raises_is_the_culprit_and_the_others_failed_in_the_collecti
     assert (first.seq, first.kind, first.sides["never reached it"]) == (FIRST_OF_STEP_3, "missing", [1])
 
 
-def test_a_rank_killed_by_sigkill_is_named_before_and_after_recover(tmp_path, capsys):
+@pytest.mark.native("RECORDER")  # the killed rank's ring as each path leaves it, recovered; the waiting rank's bundle
+def test_a_rank_killed_by_sigkill_is_named_before_and_after_recover(tmp_path, capsys, native_path):
     code, out = torchrun(tmp_path, 2, "kill")
     assert code != 0
     root = str(tmp_path / "rdr")

@@ -35,6 +35,7 @@ except ImportError:
 def start(tmp_path, monkeypatch, *, native: bool, name: str = "rdr") -> None:
     monkeypatch.setenv("OBS_NATIVE_OPS", "1" if native else "0")
     monkeypatch.delenv("OBS_NATIVE_RECORDER", raising=False)
+    monkeypatch.delenv("OBS_NATIVE", raising=False)  # this test picks each part's path itself
     config = tmp_path / f"{name}.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / name), "granularity": "op"}}))
     tracker.reset()
@@ -150,7 +151,7 @@ def test_forked_dataloader_workers_never_write_into_the_parents_ring(tmp_path, m
 def test_one_ring_at_a_time_and_release_is_idempotent(tmp_path, monkeypatch):
     start(tmp_path, monkeypatch, native=True)
     live = obs.rdr.recorder()
-    assert native_ops.attach(live.ring, live._module_writer) is None  # already recording this process's ops
+    assert native_ops.attach(live.ring, live._subs.module_writer) is None  # already recording this process's ops
     observer = native_ops._attached
     obs.reset_context()
     assert native_ops._attached is None

@@ -23,6 +23,9 @@ from recorder.recover import find_rings, recover, recover_rings
 from recorder.ring import RingWriter
 from tests.obs.cli.test_cli import obs_cli
 
+# Rings written by the C hot path and by the Python handlers (tests/conftest.py).
+pytestmark = [pytest.mark.native("RECORDER"), pytest.mark.usefixtures("native_path")]
+
 SMALL = {**DEFAULT_CAPACITY, "module": 16, "op": 16, "step": 8, "blob": 4}
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -223,12 +226,12 @@ def test_the_ring_size_is_bounded():
     assert "32.0 GiB" in message and "1.0 GiB" in message
     assert check_capacity({"op": (MAX_RING_BYTES - check_capacity({"op": 1})) // 56}) <= MAX_RING_BYTES
     for bad in ({"op": 0}, {"op": -3}, {"op": 1.5}, {"op": True}, {"nope": 4}):
-        with pytest.raises(ObsConfigError, match="capacity."):
+        with pytest.raises(ObsConfigError, match=r"capacity\."):
             check_capacity(bad)
 
 
 def test_an_oversized_ring_is_refused_before_any_file(tmp_path):
-    with pytest.raises(ObsConfigError, match="capacity.blob"):
+    with pytest.raises(ObsConfigError, match=r"capacity\.blob"):
         RingWriter(str(tmp_path / "r.obsring"), {**DEFAULT_CAPACITY, "blob": 16777216}, pid=1, rank=0,
                    world_size=1, meta={})
     assert os.listdir(tmp_path) == []

@@ -15,6 +15,9 @@ from recorder.layout import DEFAULT_CAPACITY, MAGIC, SLOT, Header, Kind
 from recorder.ring import RingWriter
 from recorder.ring_reader import read_ring, read_ring_file
 
+# Every test on the C hot path's counters and string table and on Python's (tests/conftest.py).
+pytestmark = [pytest.mark.native("RECORDER"), pytest.mark.usefixtures("native_path")]
+
 
 @pytest.fixture(name="ring")
 def _ring(tmp_path):

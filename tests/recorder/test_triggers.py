@@ -24,7 +24,8 @@ def run(tmp_path, scenario, *, mode=1, granularity="module", op_timeout=None, ha
     config.write_text(json.dumps({"rdr": {"enable": enable, "mode": mode, "path": str(tmp_path / "rdr"),
                                           "granularity": granularity, "hang_action": hang_action}}))
     args = [sys.executable, SCRIPT, scenario, str(config)] + ([str(op_timeout)] if op_timeout else [])
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_RDR", "OBS_"))}
+    # obs's own settings come from the config alone; the native switches pass (native_path, tests/conftest.py)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_RDR", "OBS_")) or k.startswith("OBS_NATIVE")}
     env["PYTHONPATH"] = ROOT
     return subprocess.run(args, capture_output=True, text=True, timeout=240, env=env)
 
@@ -106,7 +107,8 @@ def test_segfault_leaves_ring_and_stacks_that_recover_turns_into_a_bundle(tmp_pa
     assert recover_rings(str(tmp_path / "rdr")) == []  # recovered once
 
 
-def test_sigkill_then_recover(tmp_path):
+@pytest.mark.native("RECORDER")  # a ring written by the C hot path, and one written by the Python handlers
+def test_sigkill_then_recover(tmp_path, native_path):
     result = run(tmp_path, "sigkill")
     assert result.returncode == -signal.SIGKILL and not bundles(tmp_path)
     assert marker(tmp_path)["state"] == "running"
@@ -154,7 +156,8 @@ def test_several_faults_make_several_bundles(tmp_path):
         assert load_bundle(info.path).manifest["fault"]["where"] == "Default/net-Net/fc2-Linear"
 
 
-def test_op_granularity_records_ops_with_scope_and_inputs(tmp_path):
+@pytest.mark.native("OPS")  # ops from the native observer, and from the dispatch mode
+def test_op_granularity_records_ops_with_scope_and_inputs(tmp_path, native_path):
     result = run(tmp_path, "forward", granularity="op")
     assert result.returncode == 1
     (info,) = bundles(tmp_path)

@@ -64,7 +64,7 @@ class ModuleSpans:
         """Scope of the innermost module whose forward created autograd ``node`` ('' when none did)."""
         try:
             nr = int(node._sequence_nr())
-        except Exception:
+        except Exception:  # noqa: BLE001 - a node without a sequence number has no scope
             return ""
         found = self._cache.get(nr)
         if found is not None:

@@ -158,7 +158,7 @@ class StatisticRows:
             storage = tensor.untyped_storage()  # one Python object per live storage: identity is safe
             address = tensor.data_ptr()
             key = (address, shape, tensor.stride(), dtype, version)
-        except Exception:  # a tensor subclass without storage
+        except Exception:  # noqa: BLE001 - a tensor subclass without storage
             return [self._stats(tensor), dtype, shape, None]
         found = self._memory.get(key)
         if found is not None and found[0]() is storage:

@@ -90,12 +90,12 @@ def _save(folder: str, file: str, where: str, tensor: Any) -> dict[str, Any]:
     entry: dict[str, Any] = {"file": file, "arg": where}
     try:
         entry.update(describe(tensor))
-    except Exception as exc:  # a tensor subclass without shape/dtype: say so, keep going
+    except Exception as exc:  # noqa: BLE001 - a tensor subclass without shape/dtype: say so, keep going
         entry.update(file=None, unavailable=f"{type(exc).__name__}: {exc}")
         return entry
     try:
         header, data = npy_bytes(host_array(tensor))
-    except Exception as exc:  # a broken device, a fake or freed tensor: the meta still says what it was
+    except Exception as exc:  # noqa: BLE001 - a broken device, a fake or freed tensor: the meta still says what it was
         entry.update(file=None, unavailable=f"{type(exc).__name__}: {exc}")
         return entry
     write_new(os.path.join(folder, file), header, data)

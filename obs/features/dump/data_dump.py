@@ -252,7 +252,7 @@ class DataDump:
                     if file_name is None:
                         file_name = escaped[name] = escape_name(name.replace(".", "_"))
                     self._add(self._op("Parameter", file_name), "output", (tensor,))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; a dump bug must not break the training loop
             report_internal_error("data dump parameters", exc)
 
     def _on_step_end(self, step: int, duration_ns: int) -> None:
@@ -331,7 +331,7 @@ class DataDump:
                     self._add(op, "input", (*args, *kwargs.values()) if kwargs else args)
                 if self._outputs and not name.startswith(UNINITIALISED_OPS):  # garbage until written: not dumped
                     self._add(op, "output", (output if isinstance(output, (list, tuple)) else (output,),))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; a dump bug must not break the training loop
             report_internal_error("data dump op", exc)
 
     def _new_kind(self, name: str) -> str:

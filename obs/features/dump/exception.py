@@ -139,7 +139,7 @@ class ExceptionDump:
             try:
                 path = write_capture(self.root, meta["rank"], "exception_dump", folder, meta, groups,
                                      "exception dump")
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; the user's own error still propagates
                 report_internal_error("exception_dump write", exc)
                 return
         self.written.append(path)

@@ -239,7 +239,7 @@ class NanCheck:
                                             {**finding, "message": message,
                                              "python_stack": python_stack(None, sys._getframe(2))},
                                             groups, "NaN/Inf dump")
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; the finding is kept without its capture
                 report_internal_error("nan_check write", exc)
             finding["capture"] = capture
             self.findings.append(finding)

@@ -86,7 +86,7 @@ def load_npy(path: str) -> np.ndarray:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
         else:
             raise ValueError(f"unsupported .npy version {version}")
-    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize errors, ...
+    except Exception as exc:  # noqa: BLE001 - numpy's header parser raises ValueError, SyntaxError, tokenize errors
         raise DamagedFileError(f"{path}: not a readable .npy header ({exc})", path=path, offset=0) from None
     start = stream.tell()
     if dtype.hasobject or dtype.itemsize == 0:

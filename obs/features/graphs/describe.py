@@ -62,7 +62,7 @@ def abstract_of(value: Any, *, extras: bool = True) -> Abstract:
         if extras:
             try:
                 more.append("strides=(" + ", ".join(map(str, _dims(value.stride()))) + ")")
-            except Exception:  # no strides (sparse, nested): the other extras still tell
+            except Exception:  # noqa: BLE001 - no strides (sparse, nested): the other extras still tell
                 pass
             device = getattr(value, "device", None)
             if device is not None:
@@ -217,7 +217,7 @@ def _param_name(node: torch.fx.Node) -> tuple[str, bool]:
         try:
             source = grapharg.source.name
             source = source() if callable(source) else source
-        except Exception:
+        except Exception:  # noqa: BLE001 - a graph argument without a readable source
             source = None
     value = node.meta.get("example_value", node.meta.get("val"))
     is_weight = isinstance(value, torch.nn.Parameter)

@@ -148,7 +148,7 @@ class _TraceMode(TorchDispatchMode):
         with suppressed():
             try:
                 self.recording.add(func, args, kwargs, out, seq)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; tracing must not break the step
                 report_internal_error("save_graphs trace", exc)
         return out
 

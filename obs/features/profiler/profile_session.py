@@ -24,9 +24,10 @@ import time
 from typing import Any
 
 from obs._core import outputs, safe_files
-from obs._core.events import Event, Subscription, bus
+from obs._core.events import Event
 from obs.settings.profiler_options import ProfileRequest
-from recorder.layout import PHASE_CODES
+from recorder.layout import PHASE_CODES, Kind
+from recorder.ring_handlers import RingSubscriptions
 
 __all__ = ["ProfileSession"]
 
@@ -64,8 +65,7 @@ class ProfileSession:
                                meta={"run_id": run_id, "host": socket.gethostname(), "versions": versions,
                                      "profile": list(request.levels), "argv": sys.argv[:4]})
         self.status_path = os.path.join(self.folder, f"status_{self.pid}.json")
-        self._subs: list[Subscription] = []
-        self._writers: list[Any] = []
+        self._subs = RingSubscriptions(self.ring)
         self._process: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -80,7 +80,6 @@ class ProfileSession:
 
     def set_identity(self, run_id: str, rank: int, world_size: int) -> None:
         """The job's run id and this rank, agreed after init_process_group: the exporter applies them from here."""
-        from recorder.layout import Kind
 
         self.identity_known = True
         if not self.ring.closed:
@@ -90,16 +89,14 @@ class ProfileSession:
     # -- recording ----------------------------------------------------------------------------
     def _subscribe(self) -> None:
         from obs.runtime.steps import tracker
-        from recorder.layout import Kind
 
         step_ring = self.ring.appender("step")
         begin, end, phase = int(Kind.STEP_BEGIN), int(Kind.STEP_END), int(Kind.PHASE)
-        writers, me = self._writers, self
+        subs, me = self._subs, self
 
         def on_step_begin(number: int) -> None:
             me.step = number
-            for writer in writers:
-                writer.step = number
+            subs.step_begins(number)
             step_ring(begin, 0, 0, number, 0, 0)
 
         def on_step_end(number: int, duration_ns: int) -> None:
@@ -108,29 +105,13 @@ class ProfileSession:
         def on_phase(name: str, begin_ns: int, end_ns: int) -> None:
             step_ring(phase, 0, PHASE_CODES.get(name, 9), tracker.step, begin_ns, end_ns)
 
-        add = self._subs.append
-        add(bus.subscribe(Event.STEP_BEGIN, on_step_begin))
-        add(bus.subscribe(Event.STEP_END, on_step_end))
-        add(bus.subscribe(Event.PHASE, on_phase))
+        subs.add(Event.STEP_BEGIN, on_step_begin)
+        subs.add(Event.STEP_END, on_step_end)
+        subs.add(Event.PHASE, on_phase)
         if "task_trace" in self.request.levels or "op_trace" in self.request.levels:
-            self._subscribe_hot("module")  # op_trace names each op's module
+            subs.modules(self)  # op_trace names each op's module
         if "op_trace" in self.request.levels:
-            self._subscribe_hot("op")
-
-    def _subscribe_hot(self, ring: str) -> None:
-        from recorder.hotpath import hotpath
-        from recorder.ring_handlers import module_handlers, op_handler
-
-        hot = hotpath()
-        if ring == "module":
-            enter, exit_, writer = module_handlers(self.ring, hot, self)
-            self._subs.append(bus.subscribe(Event.MODULE_ENTER, enter))
-            self._subs.append(bus.subscribe(Event.MODULE_EXIT, exit_))
-        else:
-            handler, writer = op_handler(self.ring, hot)
-            self._subs.append(bus.subscribe(Event.OP, handler))
-        if writer is not None:
-            self._writers.append(writer)
+            subs.ops(native=False)  # the native observer serves one ring at a time: the recorder's
 
     def pause(self) -> None:
         """Stop recording (every hook it needed goes, when nothing else needs it); the exporter stays."""
@@ -142,9 +123,7 @@ class ProfileSession:
             self._subscribe()
 
     def _unsubscribe(self) -> None:
-        from recorder.ring_handlers import unsubscribe
-
-        unsubscribe(self._subs, self._writers)
+        self._subs.close()
 
     # -- the exporter ---------------------------------------------------------------------------
     def _config(self) -> Any:

@@ -41,7 +41,7 @@ class AutogradCall:
             if on_start is not None and watched:
                 try:
                     started = on_start(roots_of(args, kwargs))
-                except Exception as inner:
+                except Exception as inner:  # noqa: BLE001 - reported; a hook's bug must not break backward
                     report_internal_error(f"autograd {name} start", inner)
             try:
                 return original(*args, **kwargs)
@@ -52,14 +52,14 @@ class AutogradCall:
                 if on_error is not None and me.active and not state.depth:
                     try:
                         on_error(exc, roots_of(args, kwargs))
-                    except Exception as inner:
+                    except Exception as inner:  # noqa: BLE001 - reported; a hook's bug must not break backward
                         report_internal_error(f"autograd {name} error", inner)
                 raise
             finally:
                 if on_end is not None and watched:
                     try:
                         on_end(started)
-                    except Exception as inner:
+                    except Exception as inner:  # noqa: BLE001 - reported; a hook's bug must not break backward
                         report_internal_error(f"autograd {name} end", inner)
 
         self.wrapper = obs_autograd_call

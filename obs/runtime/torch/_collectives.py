@@ -122,7 +122,7 @@ class _Groups:
         if known is None:
             try:
                 known = ",".join(str(r) for r in dist.get_process_group_ranks(group))
-            except Exception:  # a group torch no longer knows: record without members
+            except Exception:  # noqa: BLE001 - a group torch no longer knows: record without members
                 known = ""
             self._members[name] = known
         return known or None
@@ -189,7 +189,7 @@ class CollectiveHooks:
                 if polled and not is_async and spec.async_op is not None:
                     call_args, call_kwargs = spec.replace(spec.async_op, True, args, kwargs)
                 bus.emit(Event.COLLECTIVE, dict(record))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; the collective still runs
                 report_internal_error(f"collective {name}", exc)
                 return original(*args, **kwargs)
             start = time.perf_counter_ns()
@@ -231,7 +231,7 @@ class CollectiveHooks:
                                 self._seq, self._p2p)
             record["state"] = "scheduled"
             bus.emit(Event.COLLECTIVE, dict(record))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; the collective still runs
             report_internal_error("DDP bucket all_reduce", exc)
             return original(tensor, group=use, async_op=True).get_future().then(_first)
         start = time.perf_counter_ns()
@@ -330,7 +330,7 @@ def _group_seq(group: Any, own: itertools.count[int], p2p: int) -> int:
     try:
         pg = group if group is not None else c10d._get_default_group()
         return int(pg._get_sequence_number_for_group()) + 1 - p2p
-    except Exception:  # a backend without sequence numbers
+    except Exception:  # noqa: BLE001 - a backend without sequence numbers
         return next(own)
 
 
@@ -345,7 +345,7 @@ def _on_completion(work: Any, record: dict[str, Any], start: int) -> None:
         elapsed = time.perf_counter_ns() - start
         try:
             future.value()
-        except Exception as exc:  # the collective failed (a peer died, a timeout)
+        except Exception as exc:  # noqa: BLE001 - the collective failed (a peer died, a timeout)
             bus.emit(Event.COLLECTIVE, {**record, "state": "failed", "error": f"{type(exc).__name__}: {exc}",
                                         "duration_ns": elapsed})
             return
@@ -353,5 +353,5 @@ def _on_completion(work: Any, record: dict[str, Any], start: int) -> None:
 
     try:
         work.get_future().add_done_callback(done)
-    except Exception as exc:  # a backend without futures: the record stays ``scheduled``
+    except Exception as exc:  # noqa: BLE001 - a backend without futures: the record stays ``scheduled``
         report_internal_error("collective completion callback", exc)

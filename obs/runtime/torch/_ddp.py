@@ -69,7 +69,7 @@ class DdpHooks:
         init, register, builtin = (self._saved[n] for n in ("__init__", "register_comm_hook",
                                                            "_register_builtin_comm_hook"))
 
-        def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - becomes DDP.__init__
             init(ddp, *args, **kwargs)
             try:
                 if self.use_flight_recorder and _flight_recorder.records(ddp.process_group):
@@ -83,7 +83,7 @@ class DdpHooks:
                                               "record this DDP model's process group (TORCH_FR_BUFFER_SIZE=0, or "
                                               "an older torch): its gradient buckets are recorded through a "
                                               "Python communication hook (about 0.1-0.2 ms per bucket)")
-            except Exception as exc:  # our bug: the model trains without its buckets on record
+            except Exception as exc:  # noqa: BLE001 - our bug: the model trains without its buckets on record
                 report_internal_error("DDP communication hook", exc)
 
         def register_comm_hook(ddp: Any, state: object, hook: Any) -> None:

@@ -58,7 +58,7 @@ def records(group: Any) -> bool:
     _remember(group)
     try:
         dump = _dump()
-    except Exception:  # an older torch, or no Flight Recorder: the relay records the buckets
+    except Exception:  # noqa: BLE001 - an older torch, or no Flight Recorder: the relay records the buckets
         return False
     name = str(getattr(group, "group_name", ""))
     if name in (dump.get("pg_status") or {}):
@@ -85,7 +85,7 @@ def _remember(group: Any = None) -> None:
             for pg, name in list(c10d._world.pg_names.items()):
                 if pg is not default and name not in _members:
                     _members[name] = ",".join(str(r) for r in sorted(c10d._world.pg_group_ranks.get(pg, {})))
-    except Exception:  # a group torch no longer knows: entries of it are recorded without members
+    except Exception:  # noqa: BLE001 - a group torch no longer knows: entries of it are recorded without members
         pass
 
 

@@ -112,7 +112,7 @@ def _failed(error: BaseException, scope: str, module: torch.nn.Module, args: Any
     for hook in failure_hooks:
         try:
             hook(error, "module", scope, args, kwargs, module)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; a handler's bug must not break forward
             report_internal_error("module failure hook", exc)
 
 
@@ -120,7 +120,7 @@ def _phase(handlers: tuple[Any, ...], began: int, ended: int) -> None:
     for handler in handlers:
         try:
             handler("forward", began, ended)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; a handler's bug must not break forward
             report_internal_error("PHASE handler", exc)
 
 
@@ -160,7 +160,7 @@ class ModuleHooks:
                 for handler in hooks.enter:
                     try:
                         handler(scope, module)
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - reported; a handler's bug must not break forward
                         report_internal_error("MODULE_ENTER handler", exc)
             except BaseException:  # raise mode (tests): the handler's error leaves, our stack entry with it
                 stack.pop()
@@ -185,7 +185,7 @@ class ModuleHooks:
                 for handler in hooks.exit:
                     try:
                         handler(scope, module, error)
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - reported; a handler's bug must not break forward
                         report_internal_error("MODULE_EXIT handler", exc)
                 if began:
                     _phase(hooks.phase, began, clock())

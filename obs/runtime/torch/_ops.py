@@ -22,7 +22,7 @@ def _emit(name: str, args: Any, kwargs: Any, duration_ns: int, error: BaseExcept
     for handler in bus.handlers(Event.OP):
         try:
             handler(name, args, kwargs, duration_ns, error)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; a handler's bug must not break the op
             report_internal_error("OP handler", exc)
 
 
@@ -45,7 +45,7 @@ class OpInterceptor(TorchDispatchMode):
             for hook in failure_hooks:  # exception_dump: before FAULT, so the RDR bundle can name the dump
                 try:
                     hook(exc, "op", name, args, kwargs)
-                except Exception as inner:
+                except Exception as inner:  # noqa: BLE001 - reported; a handler's bug must not break the op
                     report_internal_error("op failure hook", inner)
             _emit(name, args, kwargs, time.perf_counter_ns() - start, exc)
             if not getattr(exc, "_obs_fault_reported", False):
@@ -56,7 +56,7 @@ class OpInterceptor(TorchDispatchMode):
         for handler in bus.handlers(Event.OP_OUTPUT):
             try:
                 handler(name, args, kwargs, out)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; a handler's bug must not break the op
                 report_internal_error("OP_OUTPUT handler", exc)
         return out
 

@@ -39,7 +39,7 @@ def test_handler_with_wrong_arity_is_rejected_at_subscription():
 
 
 def test_non_event_is_rejected():
-    with pytest.raises(TypeError, match="obs.Event member"):
+    with pytest.raises(TypeError, match=r"obs\.Event member"):
         EventBus().subscribe("step_end", lambda *a: None)  # type: ignore[arg-type]
 
 

@@ -11,8 +11,11 @@ import pytest
 import torch
 
 import obs
-from obs.settings.dump_config import DumpConfigError
 from obs.runtime.steps import tracker
+from obs.settings.dump_config import DumpConfigError
+
+# Every test with statistic.csv rows from the C++ recorder and from Python (tests/conftest.py).
+pytestmark = [pytest.mark.native("DUMP"), pytest.mark.usefixtures("native_path")]
 
 
 class Net(torch.nn.Module):
@@ -204,7 +207,7 @@ def test_files_are_private_and_hostile_module_names_stay_inside(tmp_path):
         Evil()(torch.randn(3, 4))
     obs.reset_context()
     root = tmp_path / "dump"
-    for folder, dirs, names in os.walk(root):
+    for folder, _dirs, names in os.walk(root):
         assert os.stat(folder).st_mode & 0o777 == 0o700
         for name in names:
             assert os.stat(os.path.join(folder, name)).st_mode & 0o777 == 0o600

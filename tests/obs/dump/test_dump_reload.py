@@ -7,11 +7,15 @@ import os
 import time
 import warnings
 
+import pytest
 import torch
 
 import obs
 from obs.features.dump import DumpReader
 from obs.features.env_config import feature as env_feature
+
+# Every test with the reloaded dump and NaN/Inf check on their C++ hooks and on Python's (tests/conftest.py).
+pytestmark = [pytest.mark.native("DUMP"), pytest.mark.usefixtures("native_path")]
 
 TIMEOUT = 20
 

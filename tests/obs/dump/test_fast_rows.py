@@ -1,5 +1,5 @@
-"""The C++ row recorder (obs/features/dump/_fast_rows.cpp) writes statistic.csv byte for byte as the Python recorder does:
-dtypes, layouts it hands back to Python, shared memory, in-place writes, slots and gaps, whole dumps."""
+"""The C++ row recorder (obs/features/dump/_fast_rows.cpp) writes statistic.csv byte for byte as the Python recorder
+does: dtypes, layouts it hands back to Python, shared memory, in-place writes, slots and gaps, whole dumps."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def same_text(fast, slow):
 
 @pytest.fixture(autouse=True)
 def both_paths(monkeypatch):
-    """These tests compare the two paths: a run of the suite on the Python path (OBS_NATIVE_DUMP=0) keeps both."""
+    """These tests compare the two paths: a switch in the environment (OBS_NATIVE=0, OBS_NATIVE_DUMP=0) keeps both."""
+    monkeypatch.delenv("OBS_NATIVE", raising=False)
     monkeypatch.delenv("OBS_NATIVE_DUMP", raising=False)
 
 

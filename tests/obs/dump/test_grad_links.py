@@ -1,4 +1,5 @@
-"""The NaN/Inf check leaves unread the gradients a finite-preserving backward makes from checked ones, and only those."""
+"""The NaN/Inf check leaves unread the gradients a finite-preserving backward makes from checked ones, and only
+those."""
 
 from __future__ import annotations
 
@@ -8,27 +9,24 @@ import pytest
 import torch
 
 import obs
-from obs._core.native import switched_off
 from obs.features.dump import native_nan
 from obs.features.dump._grad_links import preserves_in_backward
 from obs.features.dump.feature import feature
 from obs.features.dump.nan_check import NanCheck, NonFiniteError
 from tests.obs.dump.test_nan_check import GradToNan
 
+pytestmark = pytest.mark.native("DUMP")  # the path native_path switches (tests/conftest.py)
 
-@pytest.fixture(params=["native", "python"])
-def check(request, tmp_path, monkeypatch):
-    """The armed check (module granularity, backward on): its C++ hooks, or the Python path."""
-    if request.param == "python":
-        monkeypatch.setenv("OBS_NATIVE_DUMP", "0")
+
+@pytest.fixture
+def check(native_path, tmp_path):
+    """The armed check (module granularity, backward on): its C++ hooks, or the Python path (tests/conftest.py)."""
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"nan_check": {"enable": True, "path": str(tmp_path)}}))
     obs.set_context(env_config_path=str(path))
     armed = feature.nan
-    if request.param == "native" and switched_off("DUMP"):
-        pytest.skip("OBS_NATIVE_DUMP=0: the Python path only")
     assert isinstance(armed, NanCheck)
-    assert (armed._native is None) is (request.param == "python"), native_nan.unavailable_reason()
+    assert (armed._native is None) is (native_path == "python"), native_nan.unavailable_reason()
     yield armed
     obs.reset_context()
 
@@ -136,12 +134,7 @@ def test_which_backwards_preserve_finiteness(module, expected):
     assert preserves_in_backward(module) is expected
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
-def test_raise_mode_in_backward_reaches_the_caller_of_backward(tmp_path, monkeypatch, native):
-    if not native:
-        monkeypatch.setenv("OBS_NATIVE_DUMP", "0")
-    elif switched_off("DUMP"):
-        pytest.skip("OBS_NATIVE_DUMP=0: the Python path only")
+def test_raise_mode_in_backward_reaches_the_caller_of_backward(tmp_path, native_path):
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"nan_check": {"enable": True, "path": str(tmp_path), "action": "raise"}}))
     obs.set_context(env_config_path=str(path))

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 import obs
-from obs._core.native import switched_off
 from obs.features.dump import native_nan
 from obs.features.dump.feature import feature
 from obs.features.dump.nan_check import NonFiniteError
+
+# Every test on the check's C++ module hooks and on its Python path (tests/conftest.py).
+pytestmark = [pytest.mark.native("DUMP"), pytest.mark.usefixtures("native_path")]
 
 
 def arm(tmp_path, **section):
@@ -145,16 +147,11 @@ def test_dump_config_overflow_mode_turns_it_on(tmp_path, monkeypatch):
     assert [(m["op"], m["step"]) for m in found] == [("log.default", 1), ("log.default", 2)]
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
-def test_a_relu_or_maxpool_output_is_not_read_again_when_its_inputs_were_finite(tmp_path, monkeypatch, native):
-    if not native:
-        monkeypatch.setenv("OBS_NATIVE_DUMP", "0")
+def test_a_relu_or_maxpool_output_is_not_read_again_when_its_inputs_were_finite(tmp_path, native_path):
     arm(tmp_path, backward=False)
     try:
         check = feature.nan
-        if native and switched_off("DUMP"):
-            pytest.skip("OBS_NATIVE_DUMP=0: the Python path only")
-        assert (check._native is not None) is native, native_nan.unavailable_reason()
+        assert (check._native is not None) is (native_path == "native"), native_nan.unavailable_reason()
         net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
                                   torch.nn.Linear(18, 2), torch.nn.Sigmoid())
         net(torch.randn(3, 1, 8, 8)).sum().backward()

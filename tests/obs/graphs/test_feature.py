@@ -34,7 +34,7 @@ def test_bad_paths_are_refused_and_nothing_changes(tmp_path):
     for value, error in (("", ValueError), (3, TypeError)):
         with pytest.raises(error, match="save_graphs_path"):
             obs.set_context(save_graphs=1, save_graphs_path=value)
-    with pytest.raises(ValueError, match="save_graphs_path .*file"):
+    with pytest.raises(ValueError, match=r"save_graphs_path .*file"):
         obs.set_context(save_graphs=1, save_graphs_path=str(tmp_path / "file" / "sub"))
     assert obs.get_context("save_graphs") == 0 and not (tmp_path / "file").is_dir()
 
@@ -133,7 +133,7 @@ def test_dump_graph_of_an_fx_module_follows_the_level(tmp_path):
     written = obs.dump_graph(torch.fx.symbolic_trace(Net()), "traced")
     assert [os.path.relpath(p, tmp_path)[4:] for p in written if "verbose" not in p] == ["_fx_traced.ir",
                                                                                       "_fx_traced.dot"]
-    with pytest.raises(TypeError, match="GraphModule or a torch.export.ExportedProgram"):
+    with pytest.raises(TypeError, match=r"GraphModule or a torch\.export\.ExportedProgram"):
         obs.dump_graph(Net(), "x")
 
 
@@ -204,7 +204,7 @@ def test_env_config_graphs_section_and_its_hot_reload(tmp_path):
     assert feature.level == 2
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"graphs": {"save_graphs": 5}}))
-    with pytest.raises(ValueError, match="graphs.save_graphs.*bool or an int in \\[0, 3\\].*5"):
+    with pytest.raises(ValueError, match=r"graphs\.save_graphs.*bool or an int in \[0, 3\].*5"):
         obs.set_context(env_config_path=str(bad))
 
 

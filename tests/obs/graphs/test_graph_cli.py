@@ -12,7 +12,7 @@ import pytest
 from obs.features.graphs.ir_text import ir_text
 from obs.features.graphs.model import parse_abstract
 from tests.fuzz.targets_graphs import sample_ir
-from tests.obs.cli.test_cli import obs_cli
+from tests.obs.cli.test_cli import obs_cli, obs_process
 
 SCRIPT = """
 import sys, torch, obs
@@ -110,7 +110,7 @@ def test_bad_inputs_exit_2(tmp_path):
 
 
 def test_demo_shows_the_feature_and_the_next_commands(tmp_path):
-    result = obs_cli("demo", "--set", "save_graphs=2", "--steps", "3", cwd=tmp_path)
+    result = obs_process("demo", "--set", "save_graphs=2", "--steps", "3", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"obs graph ls {tmp_path}" in result.stdout and "graph(s): trace" in result.stdout
     (name,) = [f for f in os.listdir(tmp_path) if f.endswith(".ir")]

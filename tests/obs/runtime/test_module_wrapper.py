@@ -14,14 +14,15 @@ from obs._core.internal import suppressed
 from obs.runtime.torch import _modules
 from recorder.hotpath import hotpath
 
+pytestmark = pytest.mark.native("RECORDER")
 
-@pytest.fixture(autouse=True, params=["c", "python"])
-def impl(request, monkeypatch):
-    """Every test runs on the C wrapper (where the hot path is built) and on the Python one."""
-    if request.param == "c" and (hotpath() is None or not hasattr(hotpath(), "install_module_call")):
-        pytest.skip("the C hot path is not built (or OBS_NATIVE_RECORDER=0)")
-    monkeypatch.setenv("OBS_NATIVE_RECORDER", "0" if request.param == "python" else "1")
-    return request.param
+
+@pytest.fixture(autouse=True)
+def impl(native_path):
+    """Every test runs on the C wrapper (where the hot path is built) and on the Python one (tests/conftest.py)."""
+    if native_path == "native" and not hasattr(hotpath(), "install_module_call"):
+        pytest.skip("the C hot path is an old build, without the module call wrapper")
+    return "c" if native_path == "native" else "python"
 
 
 class Block(torch.nn.Module):
@@ -114,7 +115,7 @@ def failing_step():
     model = Faulty()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     opt.zero_grad()
-    with pytest.raises(RuntimeError, match="dtype|type") as info:
+    with pytest.raises(RuntimeError, match=r"dtype|type") as info:
         model(torch.randn(2, 4)).sum().backward()
     return info.value, traceback.extract_tb(info.value.__traceback__)
 

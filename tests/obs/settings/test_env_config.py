@@ -30,7 +30,7 @@ def test_full_file_is_read(tmp_path):
                       "sys": {"mem_reuse": False}}
 
 
-def test_docs_spelling_mem_Reuse_is_accepted(tmp_path):
+def test_docs_spelling_mem_Reuse_is_accepted(tmp_path):  # noqa: N802 - the docs' spelling, in the name
     parsed = load_file(write(tmp_path, {"sys": {"mem_Reuse": False}}))
     assert parsed.sections["sys"] == {"mem_reuse": False}
 

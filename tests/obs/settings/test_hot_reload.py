@@ -14,8 +14,8 @@ import threading
 import pytest
 
 import obs
-from obs.runtime.steps import tracker
 from obs.features.env_config import feature
+from obs.runtime.steps import tracker
 
 TIMEOUT = 20
 
@@ -59,7 +59,7 @@ def test_edit_in_place_is_applied(config, tmp_path):
 
 
 def test_a_reload_is_applied_on_the_training_thread_never_the_watchers(config):
-    path, changed = config
+    path, _ = config
     threads = []
     obs.subscribe(obs.Event.SETTINGS_CHANGED, lambda source, changes: threads.append(threading.current_thread()))
     path.write_text(json.dumps({"rdr": {"enable": True, "granularity": "op"}}))

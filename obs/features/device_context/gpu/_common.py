@@ -21,4 +21,4 @@ def set_gpu_option(key: str, value: Any) -> None:
 
 
 def get_gpu_option(key: str) -> Any:
-    return get_context("gpu_config").get(key, CONTEXT_OPTIONS["gpu_config"].check.defaults[key])  # type: ignore
+    return get_context("gpu_config").get(key, CONTEXT_OPTIONS["gpu_config"].check.defaults[key])  # type: ignore[attr-defined]
