@@ -7,7 +7,8 @@ import socket
 import time
 from typing import Any
 
-from recorder.bundle import SCHEMA_VERSION, safe_name
+from obs._core.safe_files import safe_name
+from recorder.bundle import SCHEMA_VERSION
 from recorder.layout import Kind
 from recorder.ring_reader import RingContents
 from recorder.stacks import exception_record, stacks_text

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import time
 from collections.abc import Iterable, Mapping
@@ -21,23 +20,17 @@ from typing import Any
 
 from obs._core import safe_files
 
-__all__ = ["SCHEMA_VERSION", "bundle_name", "safe_name", "write_bundle", "write_json_atomic"]
+__all__ = ["SCHEMA_VERSION", "bundle_name", "write_bundle", "write_json_atomic"]
 
 SCHEMA_VERSION = 1
 Payload = str | bytes | Iterable[str]
 TMP_PREFIX = ".tmp-"  #: an interrupted dump's folder starts with this (the readers skip and report it)
 
 
-def safe_name(text: str, limit: int = 64) -> str:
-    """``text`` reduced to ``[A-Za-z0-9_.-]`` (no path separators, no leading dot), at most ``limit`` long."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "unnamed"
-    return cleaned[:limit]
-
-
 def bundle_name(reason: str, pid: int, now_ns: int | None = None) -> str:
     now_ns = time.time_ns() if now_ns is None else now_ns
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_ns // 1_000_000_000))
-    return f"{stamp}.{now_ns // 1000 % 1_000_000:06d}Z_{pid}_{safe_name(reason)}"
+    return f"{stamp}.{now_ns // 1000 % 1_000_000:06d}Z_{pid}_{safe_files.safe_name(reason)}"
 
 
 def _write(path: str, payload: Payload, *, fsync: bool) -> None:
@@ -67,11 +60,11 @@ def write_bundle(rdr_dir: str, name: str, manifest: Mapping[str, Any], files: Ma
     folder is removed and the error propagates; nothing else is touched.
     """
     safe_files.ensure_dir(rdr_dir)
-    final = os.path.join(rdr_dir, safe_name(name, 200))
+    final = os.path.join(rdr_dir, safe_files.safe_name(name, limit=200))
     n = 1
     while os.path.lexists(final):
         n += 1
-        final = os.path.join(rdr_dir, f"{safe_name(name, 200)}-{n}")
+        final = os.path.join(rdr_dir, f"{safe_files.safe_name(name, limit=200)}-{n}")
     tmp = os.path.join(rdr_dir, f"{TMP_PREFIX}{os.path.basename(final)}-{secrets.token_hex(6)}")
     os.mkdir(tmp, safe_files.DIR_MODE)  # fails if anything is there: nothing planted is reused
     try:
@@ -79,12 +72,12 @@ def write_bundle(rdr_dir: str, name: str, manifest: Mapping[str, Any], files: Ma
         for rel, payload in files.items():
             folder, base = os.path.split(rel)
             if folder:
-                sub = os.path.join(tmp, safe_name(folder))
+                sub = os.path.join(tmp, safe_files.safe_name(folder))
                 if not os.path.isdir(sub):
                     os.mkdir(sub, safe_files.DIR_MODE)
-                rel = os.path.join(safe_name(folder), safe_name(base, 128))
+                rel = os.path.join(safe_files.safe_name(folder), safe_files.safe_name(base, limit=128))
             else:
-                rel = safe_name(base, 128)
+                rel = safe_files.safe_name(base, limit=128)
             _write(os.path.join(tmp, rel), payload, fsync=fsync)
             written.append(rel)
         listing = sorted(set(written))

@@ -12,7 +12,7 @@ import os
 
 from obs._core import safe_files
 from obs._core.errors import UnsafePathError
-from recorder.bundle import safe_name
+from obs._core.safe_files import safe_name
 
 __all__ = ["GRAPH_FILE_LIMIT", "read_graphs", "remove_graphs", "write_graph"]
 

@@ -12,16 +12,19 @@ Every refusal is an :class:`~obs._core.errors.UnsafePathError` naming the path a
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import re
 import secrets
 import stat
 
 from obs._core.errors import UnsafePathError
 
 __all__ = ["DIR_MODE", "FILE_MODE", "check_dir", "create_file", "ensure_dir", "fsync_dir", "open_append",
-           "open_private", "read_private", "temp_path", "write_atomic", "write_new"]
+           "open_private", "read_private", "safe_name", "temp_path", "write_atomic", "write_new"]
 
 DIR_MODE, FILE_MODE = 0o700, 0o600
+PORTABLE = "A-Za-z0-9_.-"  #: the characters :func:`safe_name` keeps by default (a regex class body)
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
@@ -81,6 +84,24 @@ def create_file(path: str, *, append: bool = False, read: bool = False, folder_r
     if append:
         flags |= os.O_APPEND
     return os.open(path, flags, FILE_MODE)
+
+
+def safe_name(text: str, *, limit: int = 64, keep: str = PORTABLE, runs: bool = True) -> str:
+    """``text`` (a reason, an op or module name: anything) as one path component, safe to join to a folder.
+
+    Each character outside ``keep`` (a regex class body) becomes ``_``; with ``runs``, a run of them becomes one
+    ``_`` and ``.``/``_`` are trimmed from both ends.  Never empty (``unnamed``, or ``_`` without ``runs``), never
+    ``.``, ``..`` or a hidden name.  Over ``limit`` characters it is cut and ended with ``~`` and 10 hex digits of
+    the SHA-1 of the whole name, so that long names that differ past the cut stay distinct."""
+    if runs:
+        name = re.sub(f"[^{keep}]+", "_", text).strip("._") or "unnamed"
+    else:
+        name = re.sub(f"[^{keep}]", "_", text) or "_"
+        if name.startswith("."):
+            name = "_" + name[1:]
+    if len(name) > limit:
+        name = f"{name[:limit - 11]}~{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+    return name
 
 
 def write_new(path: str, *chunks: bytes | memoryview, folder_ready: bool = False) -> None:

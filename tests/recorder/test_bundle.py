@@ -9,7 +9,8 @@ import stat
 import pytest
 
 from obs._core.errors import DamagedFileError
-from recorder.bundle import bundle_name, safe_name, write_bundle
+from obs._core.safe_files import safe_name
+from recorder.bundle import bundle_name, write_bundle
 from recorder.bundle_reader import find_bundle, list_bundles, load_bundle
 
 

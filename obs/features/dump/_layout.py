@@ -13,9 +13,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 
 import numpy as np
 
@@ -24,20 +22,16 @@ from obs._core.errors import UnsafePathError
 
 __all__ = ["escape_name", "inside", "npy_bytes", "npy_header", "write_new"]
 
-_ESCAPE = re.compile(r"[/\\. ]")
-_UNSAFE = re.compile(r"[^A-Za-z0-9_+=()\-]")  # no comma: names are columns of statistic.csv
+_MINDSPORE = r"A-Za-z0-9_+=()\-"  # no comma: names are columns of statistic.csv
 _NAME_MAX = 160  # bytes kept of one name; the rest of a dump file name (type, slots, stamp) fits in 255
 
 
 def escape_name(name: str, *, limit: int = _NAME_MAX) -> str:
-    """``Default/net-Net/fc1-Linear/Addmm-op3`` → ``Default_net-Net_fc1-Linear_Addmm-op3``; never empty."""
-    text = _UNSAFE.sub("_", _ESCAPE.sub("_", str(name))) or "_"
-    if text in (".", ".."):
-        text = "_"
-    if len(text) > limit:
-        digest = hashlib.sha1(text.encode()).hexdigest()[:10]
-        text = f"{text[:limit - 11]}~{digest}"
-    return text
+    """``Default/net-Net/fc1-Linear/Addmm-op3`` → ``Default_net-Net_fc1-Linear_Addmm-op3``; never empty.
+
+    MindSpore's escape (``/ \\ .`` and space become ``_``), and every other character that is not safe in a file
+    name or a CSV column, one for one: :func:`obs._core.safe_files.safe_name` with MindSpore's character set."""
+    return safe_files.safe_name(str(name), limit=limit, keep=_MINDSPORE, runs=False)
 
 
 def inside(root: str, *parts: str, escape: bool = True) -> str:

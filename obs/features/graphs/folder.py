@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from obs._core import outputs, safe_files
-from recorder.bundle import safe_name
+from obs._core.safe_files import safe_name
 
 __all__ = ["INDEX", "VERBOSE_DIR", "GraphFiles", "Written", "graph_folder", "next_number", "render_svg"]
 
@@ -76,7 +76,7 @@ class GraphFiles:
               dot: str | None = None, meta: dict[str, Any] | None = None) -> Written:
         """Write one graph's files for ``level`` (``verbose`` from 2, ``dot`` from 3) and index them."""
         safe_files.ensure_dir(self.folder)
-        base = f"{safe_name(stage, 32)}_{safe_name(name)}"
+        base = f"{safe_name(stage, limit=32)}_{safe_name(name)}"
         number = next_number()
         result = Written(graph, stage, folder=self.folder)
         ir_name = f"{number:04d}_{base}.ir"

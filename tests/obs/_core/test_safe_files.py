@@ -1,0 +1,42 @@
+"""safe_files: names from untrusted text, and appends that refuse what obs did not create."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from obs._core import safe_files
+from obs._core.errors import UnsafePathError
+from obs._core.safe_files import safe_name as name
+
+
+def test_safe_name_makes_one_harmless_path_component_of_anything():
+    assert name("../../etc/passwd") == "etc_passwd"
+    assert name("") == "unnamed" and name("..") == "unnamed"
+    assert name(".hidden") == "hidden"
+    long_a, long_b = "x" * 100 + "a", "x" * 100 + "b"
+    assert len(name(long_a)) == 64 and name(long_a) != name(long_b)
+    assert name(long_a).startswith("x" * 53 + "~")
+    # MindSpore's escape: one for one, no trimming
+    keep = r"A-Za-z0-9_+=()\-"
+    assert name("Default/net-Net/fc1.Linear op", keep=keep, runs=False) == "Default_net-Net_fc1_Linear_op"
+    assert name("", keep=keep, runs=False) == "_"
+    assert name("..", keep=keep, runs=False) == "__"
+
+
+def test_open_append_takes_a_regular_file_and_refuses_a_symlink_or_a_folder(tmp_path):
+    target = tmp_path / "dump.csv"
+    safe_files.write_new(str(target), b"a\n")
+    fd = safe_files.open_append(str(target), what="dump file")
+    os.write(fd, b"b\n")
+    os.close(fd)
+    assert target.read_bytes() == b"a\nb\n"
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(UnsafePathError, match=r"dump file .*symlink"):
+        safe_files.open_append(str(tmp_path / "link"), what="dump file")
+    with pytest.raises(OSError):
+        safe_files.open_append(str(tmp_path), what="dump file")
+    with pytest.raises(FileExistsError):
+        safe_files.write_new(str(target), b"again")
+    assert target.read_bytes() == b"a\nb\n"
