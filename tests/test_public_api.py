@@ -45,6 +45,15 @@ def test_import_obs_does_not_import_torch_opentelemetry_or_rich():
     assert out.strip() == "[]"
 
 
+def test_the_readers_are_pure_they_import_neither_torch_nor_rich():
+    readers = ("obs.features.dump.reader", "obs.features.graphs.reader", "printsink.reader", "recorder.bundle_reader",
+               "exporters.trace_reader", "recorder.ring_reader")
+    code = (f"import importlib, sys; [importlib.import_module(m) for m in {readers!r}]; "
+            "print(sorted(m for m in ('torch', 'rich', 'opentelemetry') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_dir_lists_the_lazy_names_and_no_leaked_helpers():
     names = dir(obs)
     assert {"compile", "device"} <= set(names)
