@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("options", help="list every option: name, type, default, devices, meaning")
-    p.add_argument("--table", choices=("context", "auto_parallel", "ps", "env_config", "all"), default="all")
+    p.add_argument("--table", choices=("context", "auto_parallel", "ps", "env_config", "dump_config", "all"),
+                   default="all", help="one table (dump_config: MINDSPORE_DUMP_CONFIG's fields)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("config", help="work with env config files")

@@ -15,17 +15,24 @@ __all__ = ["run_options", "tables"]
 
 def tables(which: str) -> dict[str, OptionTable]:
     from obs.settings.context_options import CONTEXT_OPTIONS
+    from obs.settings.dump_config import TOP
     from obs.settings.env_config import SECTIONS
     from obs.settings.parallel import AUTO_PARALLEL_OPTIONS, PS_OPTIONS
 
     out = {"context": CONTEXT_OPTIONS, "auto_parallel": AUTO_PARALLEL_OPTIONS, "ps": PS_OPTIONS}
     out |= {f"env_config.{name}": table for name, table in SECTIONS.items()}
+    out |= {f"dump_config.{name}": table for name, table in TOP.items()}
     return {k: v for k, v in out.items() if which in ("all", k, k.split(".")[0])}
 
 
 def _rows(table: OptionTable) -> list[dict[str, Any]]:
-    return [{"name": row.name, "type": row.type_name, "default": row.default, "devices": row.device_names(),
-             "meaning": row.doc, "deprecated": row.deprecated, "pytorch": row.effect} for row in table.values()]
+    return [{"name": row.name, "type": row.type_name, "default": row.default, "required": row.required,
+             "devices": row.device_names(), "meaning": row.doc, "deprecated": row.deprecated, "pytorch": row.effect}
+            for row in table.values()]
+
+
+def _default(row: dict[str, Any]) -> str:
+    return "required" if row["required"] else repr(row["default"])
 
 
 def run_options(which: str, *, as_json: bool) -> int:
@@ -42,7 +49,7 @@ def run_options(which: str, *, as_json: bool) -> int:
         for column in ("name", "type", "default", "devices", "meaning"):
             view.add_column(column, overflow="fold", style="bold cyan" if column == "name" else None)
         for row in _rows(table):
-            view.add_row(row["name"], row["type"], repr(row["default"]), row["devices"], _meaning(row, markup=True))
+            view.add_row(row["name"], row["type"], _default(row), row["devices"], _meaning(row, markup=True))
         out.print(view)
     return 0
 
@@ -54,7 +61,7 @@ def _plain(selected: dict[str, OptionTable]) -> None:
     write("table\tname\ttype\tdefault\tdevices\tmeaning\n")
     for name, table in selected.items():
         for row in _rows(table):
-            cells = (name, row["name"], row["type"], repr(row["default"]), row["devices"], _meaning(row, markup=False))
+            cells = (name, row["name"], row["type"], _default(row), row["devices"], _meaning(row, markup=False))
             write("\t".join(cells) + "\n")
 
 

@@ -22,7 +22,8 @@ class Option:
 
     ``devices`` None means every device.  ``deprecated`` is the advice given with the
     DeprecationWarning (the replacement, or why there is none).  ``effect`` says what setting it
-    does in PyTorch ("" = validated, stored and reported only).
+    does in PyTorch ("" = validated, stored and reported only).  ``required``: a config file must
+    give it (the dump config's fields; set_context's keys all have defaults).
     """
 
     name: str
@@ -32,6 +33,7 @@ class Option:
     devices: frozenset[str] | None = None
     deprecated: str | None = None
     effect: str = ""
+    required: bool = False
 
     @property
     def type_name(self) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 from obs._core import env
 from obs._core.errors import ObsConfigError, ObsConfigTypeError
+from obs.settings._table import Option, OptionTable
 from obs.settings._validators import (
     Bool,
     Choice,
@@ -215,48 +216,40 @@ class _Category(Validator):
         return "statistic name"
 
 
-@dataclass(frozen=True)
-class Row:
-    """One field: validator, required or its default, meaning."""
-
-    check: Validator
-    required: bool
-    default: Any
-    doc: str
-
-
 _UINT = Int(min=0)
-COMMON: dict[str, Row] = {
-    "dump_mode": Row(Choice((0, 1, 2)), True, None, "0 every op, 1 only `kernels`, 2 cells marked by set_dump"),
-    "path": Row(_Path(), False, "", "absolute output folder (else $MS_DIAGNOSTIC_DATA_PATH/debug_dump)"),
-    "net_name": Row(Str(non_empty=True, pattern=r"[A-Za-z0-9_-]+", expectation="letters, digits, '-' and '_'"),
-                    True, None, "name of the net's folder"),
-    "iteration": Row(_Iteration(), True, None, '"all" or "0|5-8|100-120"'),
-    "saved_data": Row(Choice(("statistic", "tensor", "full")), False, "tensor", "statistic, tensor or both (full)"),
-    "input_output": Row(Choice((0, 1, 2)), True, None, "0 inputs and outputs, 1 inputs, 2 outputs"),
-    "kernels": Row(_StrList(_Kernel()), True, None, "kernel names, op types, name-regex(...)"),
-    "support_device": Row(_StrList(Int(min=0, max=4095)), True, None, "device ids (kept, not used on CPU/GPU)"),
-    "op_debug_mode": Row(Choice((0, 1, 2, 3, 4)), False, 0, "0 normal, 3 overflow (NaN/Inf) only, 4 exception "
-                         "(inputs of a failing op); 1 and 2 mean 3"),
-    "statistic_category": Row(_StrList(_Category()), False, ("max", "min", "l2norm"),
-                              "statistics in statistic.csv, in this order"),
-    "file_format": Row(Choice(("npy",)), False, "npy", "npy (bin is Ascend-only)"),
-    "overflow_number": Row(_UINT, False, 0, "with op_debug_mode 3: stop after this many (0 = all)"),
-    "initial_iteration": Row(_UINT, False, 0, "number of the first iteration"),
-}
-E2E: dict[str, Row] = {
-    "enable": Row(Bool(), False, True, "dump on"),
-    "trans_flag": Row(Bool(), False, True, "device format to host format"),
-    "stat_calc_mode": Row(Choice(("host", "device")), False, "host", "where statistics are computed"),
-    "device_stat_precision_mode": Row(Choice(("high", "low")), False, "high", "precision of device statistics"),
-    "sample_mode": Row(Choice((0, 1)), False, 0, "0 whole tensors, 1 samples"),
-    "sample_num": Row(Int(min=1), False, 100, "elements sampled"),
-    "save_kernel_args": Row(Bool(), False, False, "write each op's arguments as JSON"),
-}
-TOP: dict[str, dict[str, Row]] = {"common_dump_settings": COMMON, "e2e_dump_settings": E2E}
+COMMON = OptionTable("common_dump_settings", [
+    Option("dump_mode", Choice((0, 1, 2)), None, "0 every op, 1 only `kernels`, 2 cells marked by set_dump",
+           required=True),
+    Option("path", _Path(), "", "absolute output folder (else $MS_DIAGNOSTIC_DATA_PATH/debug_dump)"),
+    Option("net_name", Str(non_empty=True, pattern=r"[A-Za-z0-9_-]+", expectation="letters, digits, '-' and '_'"),
+           None, "name of the net's folder", required=True),
+    Option("iteration", _Iteration(), None, '"all" or "0|5-8|100-120"', required=True),
+    Option("saved_data", Choice(("statistic", "tensor", "full")), "tensor", "statistic, tensor or both (full)"),
+    Option("input_output", Choice((0, 1, 2)), None, "0 inputs and outputs, 1 inputs, 2 outputs", required=True),
+    Option("kernels", _StrList(_Kernel()), None, "kernel names, op types, name-regex(...)", required=True),
+    Option("support_device", _StrList(Int(min=0, max=4095)), None, "device ids (kept, not used on CPU/GPU)",
+           required=True),
+    Option("op_debug_mode", Choice((0, 1, 2, 3, 4)), 0, "0 normal, 3 overflow (NaN/Inf) only, 4 exception "
+           "(inputs of a failing op); 1 and 2 mean 3"),
+    Option("statistic_category", _StrList(_Category()), ("max", "min", "l2norm"),
+           "statistics in statistic.csv, in this order"),
+    Option("file_format", Choice(("npy",)), "npy", "npy (bin is Ascend-only)"),
+    Option("overflow_number", _UINT, 0, "with op_debug_mode 3: stop after this many (0 = all)"),
+    Option("initial_iteration", _UINT, 0, "number of the first iteration"),
+])
+E2E = OptionTable("e2e_dump_settings", [
+    Option("enable", Bool(), True, "dump on"),
+    Option("trans_flag", Bool(), True, "device format to host format"),
+    Option("stat_calc_mode", Choice(("host", "device")), "host", "where statistics are computed"),
+    Option("device_stat_precision_mode", Choice(("high", "low")), "high", "precision of device statistics"),
+    Option("sample_mode", Choice((0, 1)), 0, "0 whole tensors, 1 samples"),
+    Option("sample_num", Int(min=1), 100, "elements sampled"),
+    Option("save_kernel_args", Bool(), False, "write each op's arguments as JSON"),
+])
+TOP: dict[str, OptionTable] = {"common_dump_settings": COMMON, "e2e_dump_settings": E2E}
 
 
-def _section(name: str, body: Any, rows: dict[str, Row], problems: list[tuple[str, str]]) -> dict[str, Any]:
+def _section(name: str, body: Any, rows: OptionTable, problems: list[tuple[str, str]]) -> dict[str, Any]:
     if not isinstance(body, dict):
         problems.append((name, f"'{name}' must be a JSON object (got {show(body)})"))
         return {}
