@@ -1,22 +1,50 @@
-"""The obs command, run as real subprocesses: options, config check, run, demo, python -m obs."""
+"""The obs command: its views called in this process (``obs_cli``), and as a real process (``obs_process``) where
+the process is the point: ``obs run``, ``obs demo``, ``python -m obs``, a closed pipe."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import traceback
 
 import pytest
 
+from obs.cli import main
 from obs.settings.context_options import CONTEXT_OPTIONS
 
 
-def obs_cli(*args, cwd=None, env=None):
+def obs_process(*args, cwd=None, env=None):
+    """``python -m obs ARGS`` as a real process (output piped, so never wrapped)."""
     full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120", **(env or {})}
     return subprocess.run([sys.executable, "-m", "obs", *args], capture_output=True, text=True, cwd=cwd,
                           env=full_env, timeout=300)
+
+
+def obs_cli(*args, cwd=None, env=None):
+    """``obs ARGS`` in this process: ``main()`` with stdout and stderr captured as a pipe would (off a terminal, so
+    rich never wraps), ``cwd`` and ``env`` set for the call; returns what ``obs_process`` returns.  An exception that
+    escapes ``main`` (``--traceback``) is shown and exits 1, as ``python -m obs`` does.  ``obs run`` and ``obs demo``
+    start work that belongs in its own process (atexit handlers, settings): use ``obs_process``."""
+    assert args[:1] not in (("run",), ("demo",)), "obs run / obs demo: use obs_process"
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        for name, value in {"NO_COLOR": "1", "COLUMNS": "120", **(env or {})}.items():
+            patch.setenv(name, value)
+        if cwd is not None:
+            patch.chdir(cwd)
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse: usage errors, --help, --version
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        except Exception:  # noqa: BLE001 - what python -m obs does with an exception that escapes main
+            traceback.print_exc()
+            code = 1
+    return subprocess.CompletedProcess(["obs", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_options_json_lists_every_key_with_default():
@@ -71,7 +99,7 @@ def test_config_check_lists_every_problem_in_json_words(tmp_path):
 @pytest.mark.parametrize("args", [("config", "check", "/nonexistent/obs.json"), ("print", "/nonexistent/print.pb"),
                                   ("run", "/nonexistent/train.py")])
 def test_a_missing_input_file_is_exit_2_for_every_command(args):
-    result = obs_cli(*args)
+    result = (obs_process if args[0] == "run" else obs_cli)(*args)
     assert result.returncode == 2, result.stderr
     assert "/nonexistent/" in result.stderr and "Errno" not in result.stderr and "Traceback" not in result.stderr
 
@@ -90,7 +118,7 @@ def test_traceback_is_accepted_after_the_subcommand():
 
 
 def test_run_without_a_script_names_what_is_missing():
-    result = obs_cli("run")
+    result = obs_process("run")
     assert result.returncode == 2
     assert "a script to run is required" in result.stderr and "args" not in result.stderr.split("error:")[1]
 
@@ -119,8 +147,8 @@ def test_run_applies_settings_and_preserves_exit_code(tmp_path):
     script.write_text(SCRIPT)
     config = tmp_path / "obs.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
-    result = obs_cli("run", "--config", str(config), "--set", "save_graphs=2", str(script), "3", "--flag",
-                     cwd=tmp_path)
+    result = obs_process("run", "--config", str(config), "--set", "save_graphs=2", str(script), "3", "--flag",
+                         cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     assert "argv ['3', '--flag']" in result.stdout
     assert "save_graphs 2" in result.stdout and "rdr True" in result.stdout
@@ -131,13 +159,13 @@ def test_run_reads_obs_config_from_the_environment(tmp_path):
     script.write_text(SCRIPT)
     config = tmp_path / "obs.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
-    result = obs_cli("run", str(script), "0", env={"OBS_CONFIG": str(config)}, cwd=tmp_path)
+    result = obs_process("run", str(script), "0", env={"OBS_CONFIG": str(config)}, cwd=tmp_path)
     assert result.returncode == 0 and "rdr True" in result.stdout
 
 
 def test_run_gives_the_script_an_absolute_file_as_python_does(tmp_path):
     (tmp_path / "show.py").write_text("print(__file__)\n")
-    result = obs_cli("run", "show.py", cwd=tmp_path)
+    result = obs_process("run", "show.py", cwd=tmp_path)
     plain = subprocess.run([sys.executable, "show.py"], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == plain.stdout == f"{tmp_path / 'show.py'}\n"
@@ -146,7 +174,7 @@ def test_run_gives_the_script_an_absolute_file_as_python_does(tmp_path):
 def test_run_script_exception_exits_1_with_its_traceback_as_python_shows_it(tmp_path):
     script = tmp_path / "boom.py"
     script.write_text("def train():\n    raise RuntimeError('boom in training')\n\ntrain()\n")
-    result = obs_cli("run", str(script))
+    result = obs_process("run", str(script))
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert result.returncode == 1 and "RuntimeError: boom in training" in result.stderr
     assert result.stderr == plain.stderr  # from the script's first frame: no obs or runpy frames above it
@@ -155,20 +183,21 @@ def test_run_script_exception_exits_1_with_its_traceback_as_python_shows_it(tmp_
 def test_bad_setting_is_an_error_without_traceback(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("pass\n")
-    result = obs_cli("run", "--set", "deterministic=on", str(script))
+    result = obs_process("run", "--set", "deterministic=on", str(script))
     assert result.returncode == 2
     assert "'deterministic' must be one of ['ON', 'OFF']" in result.stderr and "Traceback" not in result.stderr
-    assert "Traceback" in obs_cli("--traceback", "run", "--set", "deterministic=on", str(script)).stderr
+    assert "Traceback" in obs_process("--traceback", "run", "--set", "deterministic=on", str(script)).stderr
 
 
 def test_missing_script_is_exit_2():
-    result = obs_cli("run", "no_such_script.py")
+    result = obs_process("run", "no_such_script.py")
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 
 @pytest.mark.slow
 def test_demo_trains_and_reports(tmp_path):
-    result = obs_cli("demo", "--steps", "30", "--json", cwd=tmp_path)
+    # With a setting the demo trains as before (eager); with none it compiles and writes ./obs_demo/ (test_demo.py).
+    result = obs_process("demo", "--steps", "30", "--json", "--set", "mode=1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["steps"] == 30 and data["events"]["step_end"] == 30
@@ -178,7 +207,7 @@ def test_demo_trains_and_reports(tmp_path):
 
 @pytest.mark.slow
 def test_demo_human_output_names_the_next_command(tmp_path):
-    result = obs_cli("demo", "--steps", "3", "--set", "mode=0", cwd=tmp_path)
+    result = obs_process("demo", "--steps", "3", "--set", "mode=0", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "obs demo" in result.stdout and "Next:" in result.stdout and "mode=0" in result.stdout
 
@@ -196,8 +225,8 @@ def test_run_says_on_stderr_which_files_obs_wrote(tmp_path):
     config = tmp_path / "obs.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
     (tmp_path / "boom.py").write_text("import obs\nobs.Print('hello')\nraise RuntimeError('boom')\n")
-    result = obs_cli("run", "--config", str(config), "--set", f"print_file_path={tmp_path / 'p.pb'}", "boom.py",
-                     cwd=tmp_path)
+    result = obs_process("run", "--config", str(config), "--set", f"print_file_path={tmp_path / 'p.pb'}", "boom.py",
+                         cwd=tmp_path)
     assert result.returncode == 1
     assert f"obs: wrote print file: {tmp_path / 'p.pb'}" in result.stderr
     bundle = next(line for line in result.stderr.splitlines() if line.startswith("obs: wrote RDR bundle: "))
