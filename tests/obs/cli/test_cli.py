@@ -112,6 +112,14 @@ def test_no_command_shows_the_commands_and_version_is_there():
     assert version.returncode == 0 and version.stdout.startswith("obs 0.")
 
 
+@pytest.mark.parametrize("args", [("options", "--table", "context"), ("config", "check", "/nonexistent/obs.json"),
+                                  ("rdr", "bogus")], ids=["output", "error", "usage"])
+def test_in_this_process_a_view_writes_what_python_m_obs_writes(args):
+    """What lets the tests of views call main() here (obs_cli) instead of starting python -m obs for each."""
+    here, real = obs_cli(*args), obs_process(*args)
+    assert (here.returncode, here.stdout, here.stderr) == (real.returncode, real.stdout, real.stderr)
+
+
 def test_traceback_is_accepted_after_the_subcommand():
     result = obs_cli("config", "check", "/nonexistent/obs.json", "--traceback")
     assert result.returncode != 0 and "Traceback (most recent call last)" in result.stderr

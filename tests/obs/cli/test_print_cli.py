@@ -1,4 +1,5 @@
-"""``obs print``: pretty, JSON lines, partial files, follow, and its exit codes."""
+"""``obs print``: pretty, JSON lines, partial files, follow, and its exit codes (in this process; follow, a closed
+pipe and the demo as real processes)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from printsink.encoder import CallMeta, encode_bytes
 from printsink.values import normalize
-from tests.obs.cli.test_cli import obs_cli
+from tests.obs.cli.test_cli import obs_cli, obs_process
 
 
 def _write(path, calls):
@@ -93,7 +94,7 @@ def test_follow_shows_calls_while_a_job_writes(tmp_path):
 
 def test_demo_writes_print_records_and_points_to_obs_print(tmp_path):
     path = tmp_path / "demo.pb"
-    result = obs_cli("demo", "--steps", "12", "--set", f"print_file_path={path}", "--json")
+    result = obs_process("demo", "--steps", "12", "--set", f"print_file_path={path}", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["next_commands"][0] == f"obs print {path}" and str(path) in data["produced"][0]

@@ -1,4 +1,4 @@
-"""``obs rdr``: ls, show, events and recover on bundles made by real failing runs."""
+"""``obs rdr``: ls, show, events and recover (in this process) on bundles made by real failing runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.obs.cli.test_cli import obs_cli
+from tests.obs.cli.test_cli import obs_cli, obs_process
 from tests.recorder.test_triggers import run
 
 
@@ -75,7 +75,7 @@ def test_errors_are_clear_and_exit_2(tmp_path):
 def test_demo_fail_at_leaves_a_bundle_to_show(tmp_path):
     config = tmp_path / "obs_config.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
-    result = obs_cli("demo", "--config", str(config), "--fail-at", "7", "--json")
+    result = obs_process("demo", "--config", str(config), "--fail-at", "7", "--json")
     assert result.returncode == 1
     data = json.loads(result.stdout)
     assert "injected failure at step 7" in data["failed"]
@@ -89,7 +89,7 @@ def test_obs_run_hands_uncaught_exceptions_to_the_recorder(tmp_path):
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
     script = tmp_path / "train.py"
     script.write_text("import obs\nwith obs.step():\n    pass\nraise KeyError('missing shard 7')\n")
-    result = obs_cli("run", "--config", str(config), str(script))
+    result = obs_process("run", "--config", str(config), str(script))
     assert result.returncode == 1 and "KeyError: 'missing shard 7'" in result.stderr
     data = json.loads(obs_cli("rdr", "show", str(tmp_path / "rdr"), "--json").stdout)["manifest"]
     assert data["reason"] == "exception" and data["exception"]["type"] == "KeyError" and data["step"] == 1

@@ -329,7 +329,7 @@ def test_a_data_dump_through_the_torch_path_matches_the_c_path(tmp_path, monkeyp
     """The same three training steps dumped twice: with the C pass, then with the extension absent."""
     import csv
 
-    from tests.obs.dump.test_data_dump import run
+    from tests.obs.features.dump.test_data_dump import run
 
     categories = list(ALL)
 

@@ -18,7 +18,7 @@ from obs import profiling
 from obs.cli import main
 from tests.exporters.receiver import Receiver
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCRIPT = os.path.join(ROOT, "tests", "exporters", "train_script.py")
 
 

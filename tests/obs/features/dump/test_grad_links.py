@@ -13,7 +13,7 @@ from obs.features.dump import native_nan
 from obs.features.dump._grad_links import preserves_in_backward
 from obs.features.dump.feature import feature
 from obs.features.dump.nan_check import NanCheck, NonFiniteError
-from tests.obs.dump.test_nan_check import GradToNan
+from tests.obs.features.dump.test_nan_check import GradToNan
 
 pytestmark = pytest.mark.native("DUMP")  # the path native_path switches (tests/conftest.py)
 

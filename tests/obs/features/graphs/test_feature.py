@@ -16,7 +16,7 @@ from obs.features.graphs import read_ir
 from obs.features.graphs.feature import feature, parse_env
 from obs.runtime.torch import adapter
 from recorder.bundle_reader import load_bundle
-from tests.obs.graphs.nets import Net
+from tests.obs.features.graphs.nets import Net
 
 
 # -- settings ---------------------------------------------------------------------------------------

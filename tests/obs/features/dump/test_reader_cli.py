@@ -19,7 +19,7 @@ from obs.features.dump.diff import diff_dumps
 from obs.features.dump.reader import read_statistic_csv
 from obs.runtime.steps import tracker
 from tests.obs.cli.test_cli import obs_cli
-from tests.obs.dump.test_data_dump import Net
+from tests.obs.features.dump.test_data_dump import Net
 
 
 def dump_run(root, *, saved="full", steps=2, plant=None, seed=0):

@@ -15,7 +15,7 @@ import torch
 import obs
 from obs.features.graphs import read_ir
 from obs.features.graphs.folder import next_number
-from tests.obs.graphs.nets import Net
+from tests.obs.features.graphs.nets import Net
 
 
 def parse_dot(path: str):
