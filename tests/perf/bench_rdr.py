@@ -250,7 +250,7 @@ def instructions(only: list[str], out: str) -> None:
         raise SystemExit(f"--instructions: {why}")
     from recorder import native_ops
 
-    print(f"native op observer: {native_ops.build()}", file=sys.stderr)
+    print(f"native op observer: {native_ops.EXTENSION.build()}", file=sys.stderr)
     names = ("mlp", "cnn")
     counts = run_counted([[os.path.abspath(__file__), "--count-child", w, "--variants", "|".join(only)]
                           for w in names])
@@ -295,7 +295,7 @@ def main() -> None:
         return
     from recorder import native_ops
 
-    print(f"native op observer: {native_ops.build()}", file=sys.stderr)  # built once, before timing
+    print(f"native op observer: {native_ops.EXTENSION.build()}", file=sys.stderr)  # built once, before timing
     runs = in_processes(__file__, ["--rounds", str(args.rounds), "--variants", args.variants], args.processes,
                         env=None if args.default_malloc else STEADY_MALLOC)
     steps = [{w: run[w] for w in ("mlp", "cnn")} for run in runs]
