@@ -1,18 +1,24 @@
-"""Autouse guards: reset global state, make internal errors loud, catch leaked threads."""
+"""Autouse guards: reset global state, make internal errors loud, catch leaked threads.  And ``native_path``: a test
+on each path, native and Python, of the parts it names (``@pytest.mark.native(PART, ...)``)."""
 
 from __future__ import annotations
 
+import importlib
 import signal
 import threading
 
 import pytest
 
 import obs
+from obs._core import env, native
 from obs._core.internal import set_raise_internal_errors
 from obs.runtime.steps import tracker
 
 
-def pytest_configure():
+def pytest_configure(config):
+    config.addinivalue_line("markers", "native(*parts): the native_path fixture runs the test on the native path and "
+                            "on the Python path of each part named (RECORDER, OPS, STATS, DUMP); no part: every part "
+                            "at once (OBS_NATIVE=0)")
     # A suite started in the background by a shell without job control (`(cmd &)` in a script) inherits SIGINT
     # ignored, and an ignored signal stays ignored across exec: the signal tests' children, and their "as
     # without obs" baselines, would never see it. Give the suite the handler an interactive start has.
@@ -41,6 +47,68 @@ def _no_thread_leaks():
     before = {t.ident for t in threading.enumerate()}
     yield
     obs.reset_context()
-    leaked = [t for t in threading.enumerate() if t.ident not in before and t.is_alive() and not t.daemon
-              or t.name.startswith("obs-") and t.ident not in before and t.is_alive()]
+    leaked = [t for t in threading.enumerate() if (t.ident not in before and t.is_alive() and not t.daemon)
+              or (t.name.startswith("obs-") and t.ident not in before and t.is_alive())]
     assert not leaked, f"threads left running: {leaked}"
+
+
+# -- the native and the Python path ------------------------------------------------------------------------------
+# One switch rule (obs/_core/native.py): OBS_NATIVE=0 turns every native part off, OBS_NATIVE_<PART>=0 one part; both
+# are read when a part is asked for, so a test switches them with monkeypatch.  A test (or a module, through
+# ``pytestmark``) that takes ``native_path`` runs once on the native path ("native", skipped with the reason where
+# a part is not built here) and once on the Python path of each part its ``native`` marker names ("python", or
+# "python-<part>" when it names several).  Either way no switch of the outer environment is left to decide.
+
+#: The modules that declare obs's native parts (importing one declares its extensions in native.EXTENSIONS).
+NATIVE_DECLARING = ("recorder.hotpath", "recorder.native_ops", "obs.features.dump.stats",
+                    "obs.features.dump.native_rows", "obs.features.dump.native_nan")
+
+
+def native_extensions() -> list:
+    """Every extension obs declares (native.Installed and native.Extension)."""
+    for module in NATIVE_DECLARING:
+        importlib.import_module(module)
+    return list(native.EXTENSIONS.values())
+
+
+def native_unavailable(part: str) -> str | None:
+    """Why ``part``'s native code cannot be used in this process (None when it can), with no switch set."""
+    for ext in native_extensions():
+        if ext.part == part and ext.load() is None:
+            return f"{ext.name}: {ext.unavailable_reason() or 'not loaded'}"
+    return None
+
+
+def pytest_generate_tests(metafunc):
+    if "native_path" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("native")
+    parts = tuple(marker.args) if marker is not None and marker.args else (None,)
+    unknown = [p for p in parts if p is not None and p not in native.PARTS]
+    assert not unknown, f"@pytest.mark.native: unknown part(s) {unknown}; the parts are {list(native.PARTS)}"
+    ids = ["native"] + (["python"] if len(parts) == 1 else [f"python-{p.lower()}" for p in parts])
+    metafunc.parametrize("native_path", [("native", parts)] + [("python", (p,)) for p in parts], ids=ids,
+                         indirect=True)
+
+
+@pytest.fixture
+def native_path(request, monkeypatch):
+    """``"native"`` or ``"python"``: the path of the marked parts this run takes (see above)."""
+    path, parts = request.param
+    for name in (env.OBS_NATIVE, *map(native.switch_name, native.PARTS)):
+        monkeypatch.delenv(name, raising=False)
+    if path == "native":
+        for part in parts if parts != (None,) else tuple(native.PARTS):
+            why = native_unavailable(part)
+            if why is not None:
+                pytest.skip(f"the native path of {part} is not available here: {why}")
+    else:
+        (part,) = parts
+        monkeypatch.setenv(env.OBS_NATIVE if part is None else native.switch_name(part), "0")
+        on = [ext.name for ext in native_extensions() if part in (None, ext.part) and ext.load() is not None]
+        assert not on, f"switched off, yet loaded: {on}"
+        if part in (None, "STATS"):  # obs.features.dump.stats reads its switch once, at import
+            from obs.features.dump import stats
+
+            monkeypatch.setattr(stats, "native", None)
+    return path

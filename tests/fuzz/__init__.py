@@ -13,6 +13,8 @@ and are collected by :func:`all_targets`.
 
 from __future__ import annotations
 
+import argparse
+import functools
 import importlib
 import os
 import pkgutil
@@ -37,16 +39,29 @@ class Rejected(Exception):
     """A CLI target's clean rejection: the command printed an error and exited 1 or 2."""
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    from obs.cli import build_parser
+
+    return build_parser()
+
+
 def cli_exit(*argv: str) -> int:
     """Run ``obs ARGV`` in this process with its output discarded; raise :class:`Rejected` on exit 1 or 2,
-    AssertionError on any other non-zero code (an exception escaping ``main`` is a finding by itself)."""
+    AssertionError on any other non-zero code (an exception escaping ``main`` is a finding by itself).
+
+    ``main`` parses with one parser built once: building it (argparse, gettext) costs more than most readers do
+    with a case, and a parser parses any number of command lines alike."""
     import contextlib
     import io
+    from unittest import mock
 
-    from obs.cli import main
+    import obs.cli
 
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = main(list(argv))
+    parser = _parser()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            mock.patch.object(obs.cli, "build_parser", lambda: parser):
+        code = obs.cli.main(list(argv))
     if code in (1, 2):
         raise Rejected(code)
     assert code == 0, f"obs {' '.join(argv)} exited {code}"
