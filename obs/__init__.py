@@ -82,7 +82,42 @@ FEATURES = (_env_config.feature, _device.feature, _printing.feature, rdr.feature
             graphs.feature)
 
 
+class _PublicPaths:
+    """The public namespaces stay importable as module paths (``from obs.dump import DumpReader``, ``import
+    obs.dump.diff``): each maps to its room under ``obs.features``, and yields the same module objects."""
+
+    ROOMS = (("obs.dump", "obs.features.dump"), ("obs.graphs", "obs.features.graphs"), ("obs.rdr", "obs.features.rdr"),
+             ("obs.profiling", "obs.features.profiler"), ("obs.ops", "obs.features.ops"),
+             ("obs.device_context", "obs.features.device_context"))
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        for public, room in self.ROOMS:
+            if name == public or name.startswith(public + "."):
+                import importlib
+                import importlib.util
+
+                module = importlib.import_module(room + name[len(public):])
+                return importlib.util.spec_from_loader(name, _Same(module))
+        return None
+
+
+class _Same:
+    """A loader that hands back an already imported module."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def create_module(self, spec: Any) -> Any:
+        return self.module
+
+    def exec_module(self, module: Any) -> None:
+        pass
+
+
 def _install() -> None:
+    import sys
+
+    sys.meta_path.insert(0, _PublicPaths())
     for feature in FEATURES:
         register_applier(feature)
     _loader.install()  # the PyTorch adapter loads when a subscriber or a demand needs it

@@ -69,3 +69,13 @@ def test_each_event_member_documents_its_own_arguments():
         assert event.__doc__.startswith(f"{event.name}({', '.join(event.spec.args)}): ")
         assert event.spec.doc in event.__doc__
     assert "duration_ns` is wall time" in pydoc.render_doc(obs.Event.STEP_END, renderer=pydoc.plaintext)
+
+
+def test_the_public_namespaces_are_importable_as_module_paths_and_are_the_same_modules():
+    code = ("import sys, obs; from obs.dump import DumpReader; import obs.dump.diff, obs.rdr, obs.profiling; "
+            "from obs.device_context.gpu import op_precision; "
+            "print(obs.dump.diff is sys.modules['obs.features.dump.diff'], obs.rdr is obs.features.rdr, "
+            "DumpReader is obs.features.dump.reader.DumpReader, "
+            "op_precision is sys.modules['obs.features.device_context.gpu.op_precision'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True"] * 4
