@@ -12,6 +12,7 @@ import pytest
 import obs
 from obs._core import env, native
 from obs._core.internal import set_raise_internal_errors
+from obs.cli._native_view import DECLARING
 from obs.runtime.steps import tracker
 
 
@@ -60,8 +61,7 @@ def _no_thread_leaks():
 # "python-<part>" when it names several).  Either way no switch of the outer environment is left to decide.
 
 #: The modules that declare obs's native parts (importing one declares its extensions in native.EXTENSIONS).
-NATIVE_DECLARING = ("recorder.hotpath", "recorder.native_ops", "obs.features.dump.stats",
-                    "obs.features.dump.native_rows", "obs.features.dump.native_nan")
+NATIVE_DECLARING = DECLARING
 
 
 def native_extensions() -> list:
