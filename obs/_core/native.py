@@ -13,8 +13,9 @@ Two kinds, built two ways for a reason:
 Switch rule (same polarity everywhere): ``OBS_NATIVE=0`` asks for the Python path of every part;
 ``OBS_NATIVE_<PART>=0`` for one part (``RECORDER``, ``OPS``, ``STATS``, ``DUMP``).  Switches are
 read each time a part is asked for, but for ``STATS``: the statistics pass asks once, when
-``obs.features.dump.stats`` is first imported, as it sits on the data dump's per-tensor path.  Every native part has a Python path that does the same work;
-a part that cannot load says why, once, in the log.
+``obs.features.dump.stats`` is first imported, as it sits on the data dump's per-tensor path.
+Every native part has a Python path that does the same work; a part that cannot load says why,
+once, in the log.
 """
 
 from __future__ import annotations
