@@ -83,7 +83,7 @@ class Triggers:
         if self._fatal is not None:
             faulthandler.disable()
             if self._faulthandler_was:
-                faulthandler.enable()
+                _give_faulthandler_back()
             if close_fatal_file:
                 self._fatal.close()
             self._fatal = None
@@ -179,3 +179,16 @@ class Triggers:
             self._dump("normal_end")
         self.uninstall()
         self.recorder.close(clean_exit=True)
+
+
+def _give_faulthandler_back() -> None:
+    """Enable faulthandler again, as it was before the recorder took it: on ``sys.stderr``, or where that has no
+    file descriptor (pytest's capture, a notebook), on the process's own stderr; else leave it off."""
+    for stream in (sys.stderr, sys.__stderr__):
+        if stream is None:  # no stderr at all (pythonw, a daemon)
+            continue
+        try:
+            faulthandler.enable(stream, all_threads=True)
+            return
+        except (AttributeError, ValueError, OSError):  # no fileno(): io.UnsupportedOperation is both of the last two
+            continue

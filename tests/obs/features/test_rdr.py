@@ -193,3 +193,20 @@ def test_forked_workers_leave_the_parents_record_alone(tmp_path):
     assert not list_bundles(str(tmp_path / "out")).bundles  # the child's SIGTERM did not dump
     train(steps=1)
     assert load_bundle(obs.rdr.dump("manual")).manifest["step"] == 1
+
+
+def test_faulthandler_is_given_back_even_when_sys_stderr_has_no_file_descriptor(tmp_path, monkeypatch):
+    import faulthandler
+    import io
+
+    was = faulthandler.is_enabled()
+    faulthandler.enable()
+    try:
+        enable(tmp_path)
+        monkeypatch.setattr(sys, "stderr", io.StringIO())  # pytest's capsys, a notebook: no fileno()
+        obs.reset_context()  # gives faulthandler back: it used to raise io.UnsupportedOperation here
+        assert faulthandler.is_enabled()
+    finally:
+        monkeypatch.undo()
+        if not was:
+            faulthandler.disable()
