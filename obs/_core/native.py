@@ -37,8 +37,8 @@ from typing import Any
 
 from obs._core import env, safe_files
 
-__all__ = ["EXTENSIONS", "PARTS", "Extension", "Installed", "Status", "cache_dir", "status", "switch_name",
-           "switched_off"]
+__all__ = ["EXTENSIONS", "PARTS", "Extension", "Installed", "Status", "cache_dir", "library_path", "status",
+           "switch_name", "switched_off"]
 
 logger = logging.getLogger("obs")
 
@@ -71,11 +71,10 @@ def _switch_reason(part: str) -> str:
 class Installed:
     """A C module built by setup.py at install time; ``load()`` is it, or None (switched off or not built).
 
-    ``missing`` is what the one log line says when it is not built (None: say nothing, the fallback is silent)."""
+    Its fallback is silent here: a caller whose Python path loses something says so itself (the signal relay)."""
 
-    def __init__(self, module: str, part: str, *, missing: str | None = None,
-                 requires: tuple[str, ...] = ()) -> None:
-        self.name, self.part, self.missing, self.requires = module, part, missing, requires
+    def __init__(self, module: str, part: str) -> None:
+        self.name, self.part = module, part
         self._module: ModuleType | None = None
         self.reason: str | None = None
         EXTENSIONS[module] = self
@@ -85,18 +84,9 @@ class Installed:
             return None
         if self._module is None and self.reason is None:
             try:
-                module = importlib.import_module(self.name)
+                self._module = importlib.import_module(self.name)
             except ImportError:
                 self.reason = f"the C extension {self.name} is not built"
-            else:
-                # A build older than the functions asked for (a stale build) counts as missing.
-                absent = [f for f in self.requires if not hasattr(module, f)]
-                if absent:
-                    self.reason = f"the C extension {self.name} is an old build (no {', '.join(absent)})"
-                else:
-                    self._module = module
-            if self.reason is not None and self.missing is not None:
-                logger.warning("obs: %s: %s", self.missing, self.reason)
         return self._module
 
     def unavailable_reason(self) -> str | None:
@@ -119,14 +109,19 @@ def cache_dir(*sources: str) -> str:
     return os.path.join(root, tag.replace("+", "_"))
 
 
+def library_path(name: str, *sources: str) -> str:
+    """Where the library ``name`` built from ``sources`` is (or will be) kept."""
+    return os.path.join(cache_dir(*sources), f"{name}.so")
+
+
 def _build(name: str, label: str, *sources: str) -> str:
     import torch
     from torch.utils import cpp_extension
 
-    folder = cache_dir(*sources)
-    safe_files.ensure_dir(folder)
-    path = os.path.join(folder, f"{name}.so")
+    path = library_path(name, *sources)
+    safe_files.ensure_dir(os.path.dirname(path))
     if not os.path.exists(path):
+        folder = os.path.dirname(path)
         logger.warning("obs: building the %s for torch %s (once, about 30 s; kept in %s)", label, torch.__version__,
                        folder)
         # -DNDEBUG as libtorch itself: some of its structures' layouts differ in debug builds.
@@ -205,20 +200,27 @@ class Status:
     name: str
     part: str
     built_at: str  #: "install" (setup.py) or "first use" (against the installed torch)
-    in_use: bool
+    state: str  #: "in use", "switched off", "not built yet" (first use will build it) or "unavailable"
     reason: str | None  #: why it is not in use
+
+    @property
+    def in_use(self) -> bool:
+        return self.state == "in use"
 
 
 def status(*, build: bool = False) -> list[Status]:
     """Every declared extension: loaded where it is built (``build``: compile what is not built yet first)."""
     out = []
     for ext in EXTENSIONS.values():
-        if isinstance(ext, Extension) and not build and not switched_off(ext.part) and ext.module is None \
-                and ext.reason is None and not os.path.exists(os.path.join(cache_dir(*ext.sources), f"{ext.name}.so")):
-            out.append(Status(ext.name, ext.part, "first use", False, "not built yet (obs native build)"))
-            continue
-        module = ext.load()
-        out.append(Status(ext.name, ext.part, "first use" if isinstance(ext, Extension) else "install",
-                          module is not None, ext.unavailable_reason()))
+        built_at = "first use" if isinstance(ext, Extension) else "install"
+        if switched_off(ext.part):
+            out.append(Status(ext.name, ext.part, built_at, "switched off", ext.unavailable_reason()))
+        elif isinstance(ext, Extension) and not build and ext.module is None and ext.reason is None \
+                and not os.path.exists(library_path(ext.name, *ext.sources)):
+            out.append(Status(ext.name, ext.part, built_at, "not built yet", "obs native build builds it now"))
+        elif ext.load() is not None:
+            out.append(Status(ext.name, ext.part, built_at, "in use", None))
+        else:
+            out.append(Status(ext.name, ext.part, built_at, "unavailable", ext.unavailable_reason()))
     return out
 

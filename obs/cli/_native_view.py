@@ -24,15 +24,14 @@ def run_native(*, build: bool, as_json: bool) -> int:
         importlib.import_module(module)
     rows = native.status(build=build)
     if as_json:
-        print_json({"extensions": [asdict(r) for r in rows], "parts": native.PARTS})
+        print_json({"extensions": [asdict(r) | {"in_use": r.in_use} for r in rows], "parts": native.PARTS})
     else:
         table = Table(title="obs native extensions")
-        for column in ("extension", "part (switch)", "built at", "in use", "why not"):
+        for column in ("extension", "part (switch)", "built at", "state", "why not"):
             table.add_column(column, overflow="fold")
         for r in rows:
-            table.add_row(markup_text(r.name), f"{r.part} ({native.switch_name(r.part)}=0)", r.built_at,
-                          "yes" if r.in_use else "[red]no[/]", markup_text(r.reason or ""))
+            state = r.state if r.state != "unavailable" else f"[red]{r.state}[/]"
+            table.add_row(markup_text(r.name), f"{r.part} ({native.switch_name(r.part)}=0)", r.built_at, state,
+                          markup_text(r.reason or ""))
         console().print(table)
-    failed = [r for r in rows if not r.in_use and r.reason and "asks for the Python path" not in r.reason
-              and (build or "not built yet" not in r.reason)]
-    return EXIT_FAILURE if failed else EXIT_OK
+    return EXIT_FAILURE if any(r.state == "unavailable" for r in rows) else EXIT_OK

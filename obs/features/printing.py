@@ -145,7 +145,7 @@ def _open_print_file(path: str) -> PrintWriter:
         try:
             fd = safe_files.create_file(path, append=True)
         except FileExistsError:
-            fd = _join(path)
+            fd = safe_files.open_append(path, what="print file")
     except BaseException:
         for created in missing:  # deepest first; only the empty ones we made
             try:
@@ -155,11 +155,6 @@ def _open_print_file(path: str) -> PrintWriter:
         raise
     return PrintWriter(path, fd=fd)
 
-
-def _join(path: str) -> int:
-    """Open an existing print file to append to it: a regular file of this user, reached without a symlink."""
-    fd = safe_files.open_append(path, what="print file")
-    return fd
 
 
 class PrintFeature:

@@ -8,7 +8,6 @@
 * :func:`npy_bytes` writes the original's npy header: version 1.0, every dim followed by a comma
   (``(2,3,)``, ``()``), padded with spaces and a newline to a multiple of 64 bytes (a full 64 when
   already aligned).  ``numpy.load`` reads the files.
-* :func:`write_new` creates a file through :mod:`obs._core.safe_files` (0600, ``O_EXCL|O_NOFOLLOW``).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import numpy as np
 from obs._core import safe_files
 from obs._core.errors import UnsafePathError
 
-__all__ = ["escape_name", "inside", "npy_bytes", "npy_header", "write_new"]
+__all__ = ["escape_name", "inside", "npy_bytes", "npy_header"]
 
 _MINDSPORE = r"A-Za-z0-9_+=()\-"  # no comma: names are columns of statistic.csv
 _NAME_MAX = 160  # bytes kept of one name; the rest of a dump file name (type, slots, stamp) fits in 255
@@ -63,8 +62,3 @@ def npy_bytes(array: np.ndarray) -> tuple[bytes, memoryview]:
         array = array.astype(array.dtype.newbyteorder("<"))
     array = np.ascontiguousarray(array)
     return npy_header(array.dtype.str, array.shape), memoryview(array).cast("B")
-
-
-def write_new(path: str, *chunks: bytes | memoryview, folder_ready: bool = False) -> None:
-    """Create ``path`` (it must not exist) and write ``chunks``: :func:`obs._core.safe_files.write_new`."""
-    safe_files.write_new(path, *chunks, folder_ready=folder_ready)

@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any
 
 from obs._core import outputs, safe_files
-from obs.features.dump._layout import escape_name, inside, npy_bytes, write_new
+from obs.features.dump._layout import escape_name, inside, npy_bytes
 from obs.features.dump._tensors import describe, host_array
 
 __all__ = ["SCHEMA_VERSION", "python_stack", "write_capture"]
@@ -69,7 +69,7 @@ def write_capture(root: str, rank: int, kind: str, scope: str, meta: dict[str, A
             for index, (where, tensor) in enumerate(items):
                 entries.append(_save(tmp, f"{prefix}.{index}.npy", where, tensor))
         body = {"schema_version": SCHEMA_VERSION, **meta, **listed}
-        write_new(os.path.join(tmp, "meta.json"), json.dumps(body, indent=2, default=str).encode())
+        safe_files.write_new(os.path.join(tmp, "meta.json"), json.dumps(body, indent=2, default=str).encode())
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -98,5 +98,5 @@ def _save(folder: str, file: str, where: str, tensor: Any) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a broken device, a fake or freed tensor: the meta still says what it was
         entry.update(file=None, unavailable=f"{type(exc).__name__}: {exc}")
         return entry
-    write_new(os.path.join(folder, file), header, data)
+    safe_files.write_new(os.path.join(folder, file), header, data)
     return entry

@@ -42,7 +42,7 @@ from obs._core import outputs, safe_files
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.features.dump._autograd_scopes import ModuleSpans
-from obs.features.dump._layout import escape_name, inside, npy_bytes, write_new
+from obs.features.dump._layout import escape_name, inside, npy_bytes
 from obs.features.dump._rows import Op, StatisticRows, each_tensor
 from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
 from obs.runtime.steps import tracker
@@ -69,7 +69,7 @@ def op_type(name: str) -> str:
 def _write_fresh(path: str, text: str) -> None:
     """``path`` created in place (in a folder made this step), or replaced whole when an earlier run left one."""
     try:
-        write_new(path, text.encode(), folder_ready=True)
+        safe_files.write_new(path, text.encode(), folder_ready=True)
     except FileExistsError:
         safe_files.write_atomic(path, text, fsync=False)
 
@@ -364,6 +364,6 @@ class DataDump:
             path = os.path.join(self._made_folder(), f"{kind}.{name}.0.0.{stamp}.{io}.{slot}.DefaultFormat."
                                                      f"{ms_dtype(tensor)}.npy")
             header, data = npy_bytes(host_array(tensor))
-            write_new(path, header, data, folder_ready=True)
+            safe_files.write_new(path, header, data, folder_ready=True)
         if self._statistics:
             self.rows.add(op, io, slot, tensor)
