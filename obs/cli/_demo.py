@@ -16,11 +16,8 @@ every file obs wrote.  Step time is reported in steady state, apart from the fir
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shlex
-import shutil
-import stat
 import statistics
 import sys
 import time
@@ -31,19 +28,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from obs._core import env
-from obs._core.errors import ObsError
+from obs.cli._demo_folder import DEMO_FOLDER, Tour, prepare_folder
 
-__all__ = ["DEMO_FOLDER", "MARKER", "WARMUP_STEPS", "DemoFolderError", "DemoResult", "Tour", "prepare_folder",
-           "run_demo", "run_demo_command"]
+__all__ = ["WARMUP_STEPS", "DemoResult", "run_demo", "run_demo_command"]
 
 #: Steps left out of the steady-state step time (and reported on their own).
 WARMUP_STEPS = 5
-
-#: The folder the tour (``obs demo`` with no settings) writes, in the current folder; replaced on each run.
-DEMO_FOLDER = "obs_demo"
-#: The file that makes a folder the demo's own: a folder without it is never removed.
-MARKER = ".obs_demo.json"
-_MARKER_DATA = {"written_by": "obs demo", "schema_version": 1}
 
 Progress = Callable[[str, int], None]  #: ``(what, steps done)``
 
@@ -73,114 +63,12 @@ class DemoFailure(RuntimeError):
     """The failure the demo injects into the model's forward (``--fail-at N``, or at the end of the tour)."""
 
 
-class DemoFolderError(ObsError, ValueError):
-    """``./obs_demo`` exists but is not a folder the demo made: it is left alone (exit 2)."""
-
-
 def split_warmup(durations_ns: list[int]) -> tuple[list[float], float]:
     """``(first steps' ms, steady-state median ms)``: up to WARMUP_STEPS first steps, keeping one for the median."""
     if not durations_ns:
         return [], 0.0
     warm = min(WARMUP_STEPS, len(durations_ns) - 1)
     return [d / 1e6 for d in durations_ns[:warm]], statistics.median(durations_ns[warm:]) / 1e6
-
-
-# -- the tour's folder ------------------------------------------------------------------------------
-
-def _is_demo_folder(path: str) -> str | None:
-    """None when ``path`` is a folder of this user holding the demo's marker; else why it is not."""
-    from obs._core import safe_files
-
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode):
-        return "it is a symlink"
-    if not stat.S_ISDIR(info.st_mode):
-        return "it is not a folder"
-    if info.st_uid != os.geteuid():
-        return f"it belongs to uid {info.st_uid}, not to this user"
-    try:
-        data = json.loads(safe_files.read_private(os.path.join(path, MARKER), limit=4096))
-    except FileNotFoundError:
-        return f"it holds no {MARKER}"
-    except (OSError, ValueError):
-        return f"its {MARKER} is not the demo's"
-    if not isinstance(data, dict) or data.get("written_by") != _MARKER_DATA["written_by"]:
-        return f"its {MARKER} is not the demo's"
-    return None
-
-
-def prepare_folder(path: str = DEMO_FOLDER) -> str:
-    """Make ``path`` an empty folder (0700) holding only the demo's marker; returns its absolute path.
-
-    A previous demo folder (marked, a folder of this user) is removed first, without following any
-    symlink in it; anything else at ``path`` raises :class:`DemoFolderError` and is left as it is.
-    """
-    from obs._core import safe_files
-
-    if os.path.lexists(path):
-        why = _is_demo_folder(path)
-        if why is not None:
-            shown = path if os.path.isabs(path) else os.path.join(os.curdir, path)
-            raise DemoFolderError(f"{shown} exists and is not a folder obs demo made ({why}); obs demo writes "
-                                  f"into ./{DEMO_FOLDER}/ and replaces it on each run: move it away, or run obs demo "
-                                  "in another folder")
-        shutil.rmtree(path)  # fd-based on Linux: symlinks inside are removed, never followed
-    os.mkdir(path, safe_files.DIR_MODE)
-    folder = os.path.abspath(path)
-    safe_files.write_new(os.path.join(folder, MARKER), (json.dumps(_MARKER_DATA) + "\n").encode(), folder_ready=True)
-    return folder
-
-
-@dataclass(frozen=True)
-class Tour:
-    """Where the tour writes (absolute paths under ``folder``) and the settings it runs with."""
-
-    folder: str
-
-    def at(self, *names: str) -> str:
-        return os.path.join(self.folder, *names)
-
-    @property
-    def config(self) -> str:
-        """The env config of the whole run: RDR, profiler, graphs."""
-        return self.at("obs_config.json")
-
-    @property
-    def dump_config(self) -> str:
-        """The same plus the data dump, in force for the last step."""
-        return self.at("obs_config_with_dump.json")
-
-    def sections(self) -> dict[str, Any]:
-        return {"rdr": {"enable": True, "path": self.at("rdr")},
-                "profiler": {"enable": True, "options": "training_trace:task_trace", "output": self.at("profile")},
-                "graphs": {"save_graphs": 2, "save_graphs_path": self.at("graphs")}}
-
-    def start(self) -> None:
-        """Write the env config and turn everything on (GRAPH_MODE: ``obs.compile`` compiles, its graphs are saved)."""
-        import obs
-
-        self._write(self.config, self.sections())
-        obs.set_context(mode=obs.GRAPH_MODE, print_file_path=self.at("print.pb"), env_config_path=self.config)
-
-    def start_dump(self, iteration: int) -> None:
-        """Add the data dump (statistics of every op of ``iteration``) for the last step.
-
-        Only then: the dump watches ops through a dispatch mode, and torch.compile runs a model eagerly
-        while one is active, so from the first step on there would be no compiled graph to save.
-        """
-        import obs
-
-        dump = {"common_dump_settings": {"dump_mode": 0, "path": self.at("dump"), "net_name": "Demo",
-                                         "iteration": str(iteration), "saved_data": "statistic", "input_output": 0,
-                                         "kernels": [], "support_device": [0]}}
-        self._write(self.dump_config, {**self.sections(), "dump": dump})
-        obs.set_context(env_config_path=self.dump_config)
-
-    @staticmethod
-    def _write(path: str, sections: dict[str, Any]) -> None:
-        from obs._core import safe_files
-
-        safe_files.write_new(path, (json.dumps(sections, indent=2) + "\n").encode(), folder_ready=True)
 
 
 # -- training ---------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import pytest
 import obs
 from obs._core.outputs import written
 from obs.cli import main
-from obs.cli._demo import DEMO_FOLDER, MARKER, WARMUP_STEPS, prepare_folder, split_warmup
+from obs.cli._demo import WARMUP_STEPS, split_warmup
+from obs.cli._demo_folder import DEMO_FOLDER, MARKER, prepare_folder
 from obs.cli._run import say_what_obs_wrote
 from obs.cli._trace_view import print_exit_summary
 
