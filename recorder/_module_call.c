@@ -3,7 +3,9 @@
  * install_module_call() returns a method descriptor of torch.nn.Module (vectorcall, no bound method
  * per call) that _modules.py puts in place of Module.__call__.  Per call it does what the Python
  * wrapper (the reference, and the fallback with OBS_RDR_PURE_PYTHON=1) does:
- *   - suppressed (obs's own tensor work) or compiling: call the original and nothing else;
+ *   - suppressed (obs's own tensor work), compiling, or inside a torch.compile'd call (Dynamo's frame
+ *     callback is set: handlers run there would be compiled as frames of their own): call the original
+ *     and nothing else;
  *   - the scope, from the cache of names computed once per module instance (scope_of() on a miss);
  *   - push it on this thread's scope stack, open the step automatically (grad enabled, not in a step);
  *   - MODULE_ENTER handlers, the module itself (torch's _wrapped_call_impl inlined), MODULE_EXIT
@@ -20,7 +22,7 @@
 /* The configuration is one tuple that each call holds a reference to: a handler may uninstall the
  * wrapper (unsubscribing ends the module events) while calls are in flight on the stack. */
 enum { C_STATE, C_CGLOBALS, C_SCOPES, C_SCOPE_OF, C_TRACKER, C_AUTO_BEGIN, C_GRAD, C_REPORT, C_ON_PHASE, C_ON_FAULT,
-       C_ON_FAILED, C_HGLOBALS, C_COUNT };
+       C_ON_FAILED, C_HGLOBALS, C_REGION, C_COUNT };
 enum { H_ENTER, H_EXIT, H_PHASE };
 
 typedef struct {
@@ -75,9 +77,10 @@ static PyObject *call_module(PyObject *module, PyObject *const *args, Py_ssize_t
     return call_with_self(s_call_impl, module, args, nargs, kwnames, 1);
 }
 
-/* Whether obs's hooks must stay out of this call: suppressed on this thread, or tracing for torch.compile/export. */
+/* Whether obs's hooks must stay out of this call: suppressed on this thread, tracing for torch.compile/export,
+ * or running inside a compiled call (the module a torch.compile wrapper calls, eager code between graphs). */
 static int bypass(PyObject *cfg) {
-    PyObject *depth, *flag = PyDict_GetItemWithError(CFG(C_CGLOBALS), s_flag);
+    PyObject *depth, *callback, *flag = PyDict_GetItemWithError(CFG(C_CGLOBALS), s_flag);
     int on;
     if (flag == NULL && PyErr_Occurred()) return -1;
     if (flag == Py_True) return 1;
@@ -85,6 +88,11 @@ static int bypass(PyObject *cfg) {
     if (depth == NULL) return -1;
     on = PyObject_IsTrue(depth);
     Py_DECREF(depth);
+    if (on != 0) return on;
+    callback = PyObject_CallNoArgs(CFG(C_REGION));
+    if (callback == NULL) return -1;
+    on = callback != Py_None && callback != Py_False;
+    Py_DECREF(callback);
     return on;
 }
 
@@ -201,6 +209,10 @@ static PyObject *module_call(PyObject *module, PyObject *const *args, Py_ssize_t
     }
     root = PyList_GET_SIZE(stack) == 0;
     if ((scope = scope_for(cfg, module, stack)) == NULL) goto done;
+    if (PyUnicode_GET_LENGTH(scope) == 0) {  /* code torch generated (a compiled graph), not a module of the user's */
+        result = call_module(module, args, nargs, kwnames);
+        goto done;
+    }
     if (PyList_Append(stack, scope) < 0) goto done;
     depth = PyList_GET_SIZE(stack);
     if (maybe_begin_step(cfg) < 0 && report_error(cfg, s_site_enter) < 0) goto pop;
@@ -268,15 +280,15 @@ static PyMethodDef call_def = {
 static PyObject *m_install(PyObject *self, PyObject *args, PyObject *kwds) {
     static char *names[] = {"module_type", "original", "inline", "state", "compiler_globals", "scopes", "scope_of",
                             "tracker", "auto_begin", "grad_enabled", "report", "on_phase", "on_fault", "on_failed",
-                            "hook_globals", NULL};
+                            "hook_globals", "compiled_region", NULL};
     PyObject *type, *original, *o[C_COUNT], *config, *handlers;
     int inline_call, i;
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OpOO!O!OOOOOOOOO!", names, &PyType_Type, &type, &original,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OpOO!O!OOOOOOOOO!O", names, &PyType_Type, &type, &original,
                                      &inline_call, &o[C_STATE], &PyDict_Type, &o[C_CGLOBALS], &PyDict_Type,
                                      &o[C_SCOPES], &o[C_SCOPE_OF], &o[C_TRACKER], &o[C_AUTO_BEGIN], &o[C_GRAD],
                                      &o[C_REPORT], &o[C_ON_PHASE], &o[C_ON_FAULT], &o[C_ON_FAILED], &PyDict_Type,
-                                     &o[C_HGLOBALS]))
+                                     &o[C_HGLOBALS], &o[C_REGION]))
         return NULL;
     if (H.descriptor == NULL) {
         H.descriptor = PyDescr_NewMethod((PyTypeObject *)type, &call_def);
@@ -332,7 +344,7 @@ static PyObject *m_uninstall(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"install_module_call", (PyCFunction)(void (*)(void))m_install, METH_VARARGS | METH_KEYWORDS,
      "install_module_call(*, module_type, original, inline, state, compiler_globals, scopes, scope_of, tracker, "
-     "auto_begin, grad_enabled, report, on_phase, on_fault, on_failed, hook_globals)\n--\n\n"
+     "auto_begin, grad_enabled, report, on_phase, on_fault, on_failed, hook_globals, compiled_region)\n--\n\n"
      "Configure the C Module.__call__ and return it (a method descriptor of module_type)."},
     {"set_module_handlers", (PyCFunction)(void (*)(void))m_set_handlers, METH_FASTCALL,
      "set_module_handlers($module, enter, exit, phase, /)\n--\n\nThe handler tuples the module call runs."},

@@ -15,15 +15,15 @@ import os
 import shutil
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from types import FrameType
 from typing import Any
 
 from obs._core import outputs, safe_files
 from obs.features.dump._layout import escape_name, inside, npy_bytes
-from obs.features.dump._tensors import describe, host_array
+from obs.features.dump._tensors import describe, host_array, tensors_in
 
-__all__ = ["SCHEMA_VERSION", "python_stack", "write_capture"]
+__all__ = ["SCHEMA_VERSION", "outputs_in", "python_stack", "write_capture"]
 
 SCHEMA_VERSION = 1
 
@@ -42,6 +42,13 @@ def python_stack(error: BaseException | None, frame: FrameType | None) -> list[s
         tb.stack = traceback.StackSummary.from_list([e for e in tb.stack if not e.filename.startswith(_OWN)])
         lines += list(tb.format())
     return [line.rstrip("\n") for line in lines]
+
+
+def outputs_in(output: Any) -> Iterator[tuple[str, Any]]:
+    """``(where, tensor)`` for every tensor of an op's or module's output, labelled as one: ``output`` (a tensor),
+    ``output[1]``, ``output['logits']``; inputs are ``args[i]`` (:func:`~obs.features.dump._tensors.tensors_in`)."""
+    for where, tensor in tensors_in((output,)):
+        yield "output" + where.removeprefix("args[0]"), tensor
 
 
 def _stamp() -> str:

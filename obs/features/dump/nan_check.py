@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 import weakref
 from typing import Any
 
@@ -31,10 +32,11 @@ from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.features.dump import native_nan
 from obs.features.dump._grad_links import ELEMENTWISE_BACKWARD, MAX_POOLS, GradLinks, preserves_in_backward
 from obs.features.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
-from obs.features.dump.capture import python_stack, write_capture
+from obs.features.dump.capture import outputs_in, python_stack, write_capture
 from obs.features.dump.stats import nonfinite_counts
 from obs.runtime.steps import tracker
 from obs.runtime.torch._autograd_calls import AutogradCall
+from obs.runtime.torch._dynamo_polyfill import hidden_from_dynamo, skip_frames
 from obs.settings.parallel import rank
 
 __all__ = ["NanCheck", "NonFiniteError"]
@@ -51,9 +53,9 @@ FINITE_PRESERVING = frozenset({
 _KNOWN_MAX = 4096  # tensors known finite in one step, at most
 
 
-def _tensors_of(value: Any, where: str) -> Any:
-    """``tensors_in((value,))``, without the generator for the common case: ``value`` is one tensor (``where``)."""
-    return ((where, value),) if isinstance(value, torch.Tensor) else tensors_in((value,))
+def _outputs_of(value: Any) -> Any:
+    """:func:`~obs.features.dump.capture.outputs_in`, without the generator for the common case: one tensor."""
+    return (("output", value),) if isinstance(value, torch.Tensor) else outputs_in(value)
 
 
 class NonFiniteError(FloatingPointError):
@@ -62,6 +64,24 @@ class NonFiniteError(FloatingPointError):
     def __init__(self, message: str, capture: str | None) -> None:
         super().__init__(message)
         self.capture = capture
+
+
+class _QuietCompiledHookWarning:
+    """While installed, torch's warning that a global module hook also fires for a ``torch.compile(module)``
+    wrapper is not shown: that hook is obs's, and checking the wrapper's output is what obs wants."""
+
+    _MESSAGE = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
+
+    def __init__(self) -> None:
+        warnings.filterwarnings("ignore", message=self._MESSAGE, category=UserWarning)
+        self._entry = warnings.filters[0]
+
+    def remove(self) -> None:
+        try:
+            warnings.filters.remove(self._entry)  # type: ignore[arg-type]
+        except ValueError:
+            pass  # warnings.resetwarnings() or catch_warnings() already dropped it
+        warnings._filters_mutated()  # type: ignore[attr-defined]
 
 
 class NanCheck:
@@ -96,8 +116,12 @@ class NanCheck:
                 elementwise=ELEMENTWISE_BACKWARD, pools=frozenset(MAX_POOLS), pool_preserves=preserves_in_backward,
                 slow=self._on_module, report=self._report_output, grad_report=self._check_gradient,
                 backward=self.backward)
-            hook = self._on_module if self._native is None else self._native.on_module
+            # Compiled graphs leave the hook out; the compiled module's own output is still checked, eagerly.
+            hook = hidden_from_dynamo(self._on_module if self._native is None else self._native.on_module)
+            for slow_path in (self._on_module, self._report_output, self._check_gradient):
+                skip_frames(slow_path.__code__, recursive=True)  # run by the C++ hook inside compiled calls
             self._handles.append(torch.nn.modules.module.register_module_forward_hook(hook))
+            self._handles.append(_QuietCompiledHookWarning())
             if self.backward:
                 settle = self._settle if self._native is None else self._native.settle
                 self._handles += [AutogradCall(torch.autograd, "backward", on_start=settle),
@@ -145,7 +169,7 @@ class NanCheck:
             self._finite_step = tracker.step
         derived = type(module) in FINITE_PRESERVING and self._all_finite(args)
         watched = None
-        for where, tensor in _tensors_of(output, "args[0]"):
+        for where, tensor in _outputs_of(output):
             # A container's output, a flatten: the same elements are checked once.  The last tensor checked must
             # still be alive, or its memory could hold another tensor at the same address.
             key = (tensor.data_ptr(), tensor.numel(), tensor._version)
@@ -173,7 +197,7 @@ class NanCheck:
         """Whether every tensor of ``args`` was found finite in this step and is unchanged since (same memory,
         size and version, still alive)."""
         found = False
-        for _, tensor in _tensors_of(args[0], "") if len(args) == 1 else tensors_in(args):
+        for _, tensor in _outputs_of(args[0]) if len(args) == 1 else tensors_in(args):
             ref = self._finite.get((tensor.data_ptr(), tensor.numel(), tensor._version))
             if ref is None or ref() is None:
                 return False
@@ -203,12 +227,12 @@ class NanCheck:
         if counts is not None:
             stack = SUPPRESSION.stack
             self._found("forward", "module", stack[-1] if stack else type(module).__name__, type(module).__name__,
-                        counts, "args[0]", [("inputs", list(tensors_in(args))), ("outputs", [("args[0]", output)])])
+                        counts, "output", [("inputs", list(tensors_in(args))), ("outputs", [("output", output)])])
 
     def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
         if self.done or self._step_reported == tracker.step or name.startswith(UNINITIALISED_OPS):
             return
-        for where, tensor in tensors_in((output,)):
+        for where, tensor in outputs_in(output):
             counts = nonfinite_counts(tensor)
             if counts is not None:
                 stack = SUPPRESSION.stack

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from obs.features.graphs.ir_text import OBS_DIR
 from obs.features.graphs.model import Abstract, Graph, IrFile, Node, Param
 from printsink.dtypes import NAME_OF_TORCH
 
@@ -141,7 +142,8 @@ def _short(op: str) -> str:
 
 
 def frames_of(stack_trace: str | None) -> list[str]:
-    """``path:line/source/`` per frame of an FX ``stack_trace``, outermost first."""
+    """``path:line/source/`` per frame of an FX ``stack_trace``, outermost first (obs's own frames left out: Dynamo
+    traces through obs's module wrapper)."""
     if not stack_trace:
         return []
     out: list[str] = []
@@ -153,6 +155,8 @@ def frames_of(stack_trace: str | None) -> list[str]:
         source = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
         if set(source) <= {"^", "~", " "}:
             source = ""
+        if m.group("path").startswith(OBS_DIR):
+            continue
         out.append(f"{m.group('path')}:{m.group('line')}/{source.replace(chr(10), ' ')}/")
     return out
 

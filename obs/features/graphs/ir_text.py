@@ -16,7 +16,8 @@ __all__ = ["PLAIN_EXTRAS", "ir_text", "user_frame"]
 
 #: the extras a plain file keeps (the others are verbose-only)
 PLAIN_EXTRAS = ("ref_key", "is_parameter", "value")
-_LIBRARY = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+OBS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_LIBRARY = tuple({OBS_DIR,
                   *(sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "purelib", "platlib"))})
 
 

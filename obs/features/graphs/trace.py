@@ -134,6 +134,10 @@ def _render(value: Any, refs: dict[int, str]) -> str:
 
 
 class _TraceMode(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # torch.compile compiles as without obs; compiled graphs are dumped from the compiler
+
     def __init__(self, recording: _Recording) -> None:
         super().__init__()
         self.recording = recording

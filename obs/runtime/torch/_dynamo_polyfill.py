@@ -1,9 +1,18 @@
-"""Teach torch.compile (Dynamo) to trace through obs's C ``Module.__call__`` as through torch's own.
+"""Teach torch.compile (Dynamo) to treat obs's ``Module.__call__`` as torch's own, so it compiles the same frames.
 
 Dynamo inlines Python functions but stops at a C callable it does not know: every submodule call of
 a compiled model would become a graph break.  ``substitute_in_graph`` registers a Python stand-in that
 Dynamo inlines instead (the C call is never traced; in eager mode the C call runs).  The stand-in calls
 the ``Module.__call__`` obs replaced, which is what the Python wrapper does while compiling.
+
+A module compiled with ``torch.compile(module)`` (an ``OptimizedModule``) compiles ``module.__call__``: a C
+callable there makes Dynamo add a frame of its own above it (``external_utils.wrap_inline``), which changes the
+frames it compiles where a graph breaks.  :func:`teach_dynamo` therefore has ``OptimizedModule`` take torch's
+own ``Module.__call__`` of the module it wraps; obs records the wrapper's call, under the wrapped module's name.
+
+The Python wrapper (``OBS_NATIVE_RECORDER=0``) is a frame Dynamo would capture as a compiled module's top
+frame, where torch's own ``Module.__call__`` is a skipped file: :func:`skip_frames` marks its code skipped
+(frames only; Dynamo still inlines it when it traces a call).
 
 Importing Dynamo costs about a second, so nothing here imports it: the stand-in is registered at once
 when Dynamo is already loaded, else right after its first import (a one-shot import hook).
@@ -17,7 +26,7 @@ import logging
 import sys
 from typing import Any
 
-__all__ = ["teach_dynamo"]
+__all__ = ["hidden_from_dynamo", "skip_frames", "teach_dynamo"]
 
 logger = logging.getLogger("obs")
 _original: list[Any] = [None]  # the Module.__call__ obs replaced, read by the stand-in when Dynamo traces
@@ -62,10 +71,98 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def teach_dynamo(descriptor: Any, original: Any) -> None:
-    """Make Dynamo inline ``original`` where it meets ``descriptor`` (obs's C ``Module.__call__``)."""
-    _original[0] = original
+_waiting: list[Any] = []  # run once Dynamo is imported
+
+
+def _after_dynamo(then: Any) -> None:
     if "torch._dynamo" in sys.modules:
-        _register(descriptor)
-    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(lambda: _register(descriptor)))
+        then()
+        return
+    _waiting.append(then)
+    if not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(_run_waiting))
+
+
+def _run_waiting() -> None:
+    while _waiting:
+        _waiting.pop(0)()
+
+
+def _compile_torch_call(original: Any) -> None:
+    """Have ``OptimizedModule`` compile torch's ``Module.__call__`` (``original``), not obs's, when it is made."""
+    try:
+        import torch
+        from torch._dynamo.eval_frame import OptimizedModule
+    except Exception as exc:  # noqa: BLE001 - compiled modules then compile one frame more around a graph break
+        logger.warning("obs: torch.compile(module) may compile an extra frame while obs records modules (%r)", exc)
+        return
+    initialize = OptimizedModule._initialize
+    if getattr(initialize, "_obs", False):
+        return
+
+    def _initialize(self: Any) -> None:
+        installed = torch.nn.Module.__call__
+        if installed is original:
+            return initialize(self)
+        torch.nn.Module.__call__ = original  # only while the wrapper binds its forward
+        try:
+            return initialize(self)
+        finally:
+            torch.nn.Module.__call__ = installed
+
+    _initialize._obs = True  # type: ignore[attr-defined]
+    OptimizedModule._initialize = _initialize  # type: ignore[method-assign]
+
+
+def teach_dynamo(descriptor: Any, original: Any) -> None:
+    """Make Dynamo inline ``original`` where it meets ``descriptor`` (obs's C ``Module.__call__``), and compile
+    modules wrapped by ``torch.compile`` from ``original``."""
+    _original[0] = original
+    _after_dynamo(lambda: _register(descriptor))
+    _after_dynamo(lambda: _compile_torch_call(original))
+
+
+def _skip(code: Any, recursive: bool) -> None:
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        nested = FrameAction.SKIP if recursive else FrameAction.DEFAULT
+        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, nested))
+    except Exception as exc:  # noqa: BLE001 - Dynamo may then compile a frame of obs's own
+        logger.warning("obs: torch.compile may compile %s of obs as a frame of its own (%r)", code.co_name, exc)
+
+
+def skip_frames(code: Any, *, recursive: bool = False) -> None:
+    """Have Dynamo run frames of ``code`` without compiling them; calls they make too when ``recursive``."""
+    _after_dynamo(lambda: _skip(code, recursive))
+
+
+def _no_op(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _substitute_no_op(fn: Any) -> None:
+    try:
+        from torch._dynamo.decorators import substitute_in_graph
+
+        substitute_in_graph(fn, skip_signature_check=True)(_no_op)
+    except Exception as exc:  # noqa: BLE001 - compiled code then breaks its graph where it would call fn
+        logger.warning("obs: torch.compile will break graphs at each call of %r (%r)", fn, exc)
+
+
+def hidden_from_dynamo(fn: Any) -> Any:
+    """A hook that torch.compile leaves out of the graphs it traces (it returns None there) and whose frames,
+    run between compiled graphs, it does not compile.  ``fn`` is a C callable or a Python one."""
+    if not hasattr(fn, "__code__") and not hasattr(getattr(fn, "__func__", None), "__code__"):
+        _after_dynamo(lambda: _substitute_no_op(fn))
+        return fn
+    from torch.compiler import is_compiling
+
+    def hidden(*args: Any, **kwargs: Any) -> Any:
+        if is_compiling():
+            return None
+        return fn(*args, **kwargs)
+
+    skip_frames(hidden.__code__, recursive=True)
+    return hidden

@@ -11,6 +11,10 @@ submodule once from ``named_modules()``:
 ``torch.compile`` (``OptimizedModule``) is named after the module it wraps: ``Default/net-Net``,
 with no ``_orig_mod`` level.
 
+Inside a ``torch.compile``'d call (Dynamo's frame callback is set) the wrapper only calls through: the
+compiled wrapper's own call is recorded, under the wrapped module's name, and the wrapped module's call it
+makes is not recorded again; a handler run there would itself be compiled by Dynamo as a frame.
+
 The first module call with grad enabled outside a step opens the step; a forward under
 ``torch.no_grad()`` / ``torch.inference_mode()`` between steps (evaluation) opens none.
 
@@ -30,6 +34,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._C._dynamo.eval_frame import get_eval_frame_callback
 from torch.compiler import is_compiling
 
 from obs._core.events import Event, bus
@@ -39,6 +44,7 @@ from obs.runtime.steps import tracker
 __all__ = ["ModuleHooks", "current_scope"]
 
 _scopes: dict[int, str] = {}
+_kept: list[Any] = []  # [the wrapper left in Module.__call__ by remove(), the original it calls]
 
 
 def current_scope() -> str:
@@ -87,7 +93,18 @@ def _name_tree(root: torch.nn.Module, keep_class: bool) -> None:
         weakref.finalize(sub, _forget, key)
 
 
+def _generated(module: torch.nn.Module) -> bool:
+    """A GraphModule outside the user's module tree: code that torch.compile, AOT autograd or torch.export made."""
+    fx = sys.modules.get("torch.fx")
+    return fx is not None and isinstance(module, fx.GraphModule)
+
+
 def _scope_of(module: torch.nn.Module, stack: list[str], keep_class: bool) -> str:
+    """The module's scope; '' for generated code, whose calls are not recorded (the modules it calls are)."""
+    if _generated(module):
+        _scopes[id(module)] = ""
+        weakref.finalize(module, _forget, id(module))
+        return ""
     if stack:
         return stack[-1] + "/" + _part(_class_name(module).lower(), module, keep_class)
     _name_tree(module, keep_class)
@@ -135,7 +152,10 @@ class ModuleHooks:
         self._c: Any = None  # recorder._hotpath when the C wrapper is installed
         self.refresh()
         hooks, original = self, torch.nn.Module.__call__
+        if _kept and original is _kept[0]:  # our wrapper, left in place by remove(): wrap what it wrapped
+            original = _kept[1]
         self._original = original
+        self.off = False
         keep = keep_class_names
         # Inline torch's own ``_wrapped_call_impl`` (one frame less per module level); call whatever
         # else was installed before us as it is.
@@ -144,13 +164,24 @@ class ModuleHooks:
         grad_enabled = torch.is_grad_enabled
         getframe = sys._getframe
         clock = time.perf_counter_ns
+        compiled_region = get_eval_frame_callback
 
         def obs_module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            if state.depth or is_compiling():
-                return original(module, *args, **kwargs)
+            if state.depth or is_compiling() or hooks.off or compiled_region() is not None:
+                try:
+                    return original(module, *args, **kwargs)
+                except BaseException as exc:
+                    tb = exc.__traceback__
+                    if tb is not None and tb.tb_frame is getframe():
+                        exc.__traceback__ = tb.tb_next  # as below: this wrapper leaves no frame
+                    raise
             stack = state.stack
             root = not stack
-            scope = _scopes.get(id(module)) or _scope_of(module, stack, keep)
+            scope = _scopes.get(id(module))
+            if scope is None:
+                scope = _scope_of(module, stack, keep)
+            if not scope:
+                return original(module, *args, **kwargs)
             stack.append(scope)
             if not tracker.in_step and grad_enabled():
                 tracker.auto_begin()
@@ -201,6 +232,9 @@ class ModuleHooks:
             self._c.set_module_handlers(self.enter, self.exit, self.phase)
             torch.nn.Module.__call__ = descriptor  # type: ignore[method-assign]
         else:
+            from obs.runtime.torch._dynamo_polyfill import skip_frames
+
+            skip_frames(obs_module_call.__code__)
             torch.nn.Module.__call__ = obs_module_call  # type: ignore[method-assign]
 
     def refresh(self) -> None:
@@ -211,9 +245,16 @@ class ModuleHooks:
             self._c.set_module_handlers(self.enter, self.exit, self.phase)
 
     def remove(self) -> None:
-        torch.nn.Module.__call__ = self._original  # type: ignore[method-assign]
+        """Stop publishing.  Once torch.compile is loaded the wrapper stays in place, calling through: graphs it
+        compiled guard on ``Module.__call__``, and putting torch's back would recompile every one of them."""
+        self.off = True
         if self._c is not None:
             self._c.uninstall_module_call()
+        if "torch._dynamo" in sys.modules:
+            _kept[:] = [torch.nn.Module.__call__, self._original]
+        else:
+            torch.nn.Module.__call__ = self._original  # type: ignore[method-assign]
+            _kept.clear()
         _scopes.clear()
 
 
@@ -235,6 +276,6 @@ def _install_c_module_call(original: Any, inline: bool, keep: bool) -> Any:
         compiler_globals=vars(torch.compiler), scopes=_scopes,
         scope_of=lambda module, stack: _scope_of(module, stack, keep), tracker=tracker,
         auto_begin=tracker.auto_begin, grad_enabled=torch.is_grad_enabled, report=report, on_phase=_phase,
-        on_fault=_fault, on_failed=_failed, hook_globals=globals())
+        on_fault=_fault, on_failed=_failed, hook_globals=globals(), compiled_region=get_eval_frame_callback)
     teach_dynamo(descriptor, original)
     return descriptor

@@ -33,6 +33,13 @@ failure_hooks: tuple[Any, ...] = ()
 class OpInterceptor(TorchDispatchMode):
     """Times every aten op and publishes it; entered with ``install()``, left with ``remove()``."""
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile then compiles as without obs (any other dispatch mode makes Dynamo skip every
+        # frame) and turns this mode off while it traces; compiled code runs with it on again, so the
+        # ops a compiled graph still dispatches (aot_eager's, Inductor's extern kernels) are seen.
+        return True
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if SUPPRESSION.depth:

@@ -162,7 +162,8 @@ def test_a_module_patched_call_before_obs_is_still_called(monkeypatch):
     monkeypatch.setattr(torch.nn.Module, "__call__", theirs)
     with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
         torch.nn.Linear(2, 2)(torch.ones(1, 2))
-    assert calls == ["Linear"] and torch.nn.Module.__call__ is theirs
+    assert calls == ["Linear"]
+    assert torch.nn.Module.__call__ is theirs or _modules._kept[0] is torch.nn.Module.__call__
 
 
 # -- the C wrapper and the Python one publish the same events ------------------------------------
@@ -232,7 +233,8 @@ def test_the_c_wrapper_replaces_module_call_while_module_events_are_wanted(impl)
         assert type(wrapper).__name__ == ("method_descriptor" if impl == "c" else "function")
         params = inspect.signature(torch.nn.Linear(2, 2)).parameters.values()
         assert [p.kind.name for p in params] == ["VAR_POSITIONAL", "VAR_KEYWORD"]
-    assert torch.nn.Module.__call__ is original
+    # torch's own again; or, once torch.compile is loaded, ours left calling through (compiled graphs guard on it)
+    assert torch.nn.Module.__call__ is original or _modules._kept[0] is torch.nn.Module.__call__
 
 
 def test_suppressed_calls_publish_nothing_and_keep_their_result():

@@ -194,3 +194,46 @@ def test_an_input_changed_in_place_after_its_check_is_read_again(tmp_path):
         obs.reset_context()
     [folder] = captures(tmp_path)
     assert json.loads((folder / "meta.json").read_text())["scope"] == "Default/net-Net/act-ReLU"
+
+
+class Pair(torch.nn.Module):
+    """Returns (its input, NaN): the second output is the bad one."""
+
+    def forward(self, x):
+        return x, torch.log(-x.abs() - 1)
+
+
+def test_an_output_is_labelled_as_an_output_and_inputs_as_arguments(tmp_path):
+    arm(tmp_path, backward=False)
+    try:
+        Poison(forward_nan=True)(torch.randn(3, 4))
+    finally:
+        obs.reset_context()
+    [folder] = captures(tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["where"] == "output" and "output)" in meta["message"]
+    assert [o["arg"] for o in meta["outputs"]] == ["output"] and [i["arg"] for i in meta["inputs"]] == ["args[0]"]
+
+
+def test_the_bad_element_of_a_tuple_output_is_named_by_its_index(tmp_path):
+    arm(tmp_path, backward=False)
+    try:
+        Pair()(torch.randn(3, 4))
+    finally:
+        obs.reset_context()
+    [folder] = captures(tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["where"] == "output[1]" and [o["arg"] for o in meta["outputs"]] == ["output[1]"]
+    assert np.isnan(np.load(folder / "outputs.0.npy")).all()
+
+
+def test_op_granularity_labels_the_op_output_as_an_output(tmp_path):
+    arm(tmp_path, granularity="op", backward=False)
+    try:
+        Poison(forward_nan=True)(torch.randn(3, 4))
+    finally:
+        obs.reset_context()
+    [folder] = captures(tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert (meta["op"], meta["where"]) == ("log.default", "output")
+    assert [o["arg"] for o in meta["outputs"]] == ["output"] and [i["arg"] for i in meta["inputs"]] == ["args[0]"]
