@@ -23,6 +23,8 @@ from obs.features.dump.reader import DumpReader, StatRow
 __all__ = ["run_diff", "run_ls", "run_stats"]
 
 _PROGRESS_FROM = 20  # steps; fewer finish before a bar would help
+_STEP_CAPTION = ("step: the training step as the RDR, Print, the NaN check and the profiler number it, from 1; "
+                 "iteration N is step N + 1 - initial_iteration (docs/dumps.md)")
 
 
 def _progress(total: int, what: str) -> Progress | None:
@@ -43,37 +45,45 @@ def _fmt(value: Any) -> str:
 # -- ls ------------------------------------------------------------------------------------------
 def run_ls(path: str, *, as_json: bool) -> int:
     reader = DumpReader(path)
-    steps = []
+    steps: list[dict[str, Any]] = []
     for step in reader.steps():
         names = os.listdir(step.path)
         tensors = [n for n in names if n.endswith(".npy")]
         size = sum(os.path.getsize(os.path.join(step.path, n)) for n in tensors)
         steps.append({"rank": step.rank, "net": step.net, "graph": step.graph, "iteration": step.iteration,
-                      "tensors": len(tensors), "bytes": size, "statistic_csv": "statistic.csv" in names,
-                      "path": step.path})
-    captures = [{"kind": c.kind, "path": c.path, "step": c.meta.get("step"), "op": c.meta.get("op"),
-                 "scope": c.meta.get("scope"), "phase": c.meta.get("phase"),
-                 "exception": (c.meta.get("exception") or {}).get("message") or c.meta.get("message")}
-                for c in reader.captures()]
+                      "step": step.training_step, "tensors": len(tensors), "bytes": size,
+                      "statistic_csv": "statistic.csv" in names, "path": step.path})
+    captures: list[dict[str, Any]] = [
+        {"kind": c.kind, "path": c.path, "step": c.meta.get("step"), "iteration": c.iteration, "op": c.meta.get("op"),
+         "scope": c.meta.get("scope"), "phase": c.meta.get("phase"),
+         "exception": (c.meta.get("exception") or {}).get("message") or c.meta.get("message")}
+        for c in reader.captures()]
     if as_json:
         print_json({"path": reader.path, "steps": steps, "captures": captures})
         return EXIT_OK
     out = console()
     if steps:
-        table = Table(title=f"data dump in {markup_text(reader.path)}", title_justify="left")
-        for column in ("rank", "net", "graph", "iteration", "tensors", "MB", "statistic.csv"):
+        # the two numberings side by side: the folders' iterations, and the steps other records name
+        table = Table(title=f"data dump in {markup_text(reader.path)}", title_justify="left",
+                      caption=_STEP_CAPTION, caption_justify="left")
+        for column in ("rank", "net", "graph", "iteration", "step", "tensors", "MB", "statistic.csv"):
             table.add_column(column, justify="left" if column == "net" else "right")
         for s in steps:
             table.add_row(str(s["rank"]), markup_text(s["net"]), str(s["graph"]), str(s["iteration"]),
-                          str(s["tensors"]), f"{s['bytes'] / 1e6:.2f}", "yes" if s["statistic_csv"] else "no")
+                          _fmt(s["step"]) if s["step"] is not None else "?", str(s["tensors"]),
+                          f"{s['bytes'] / 1e6:.2f}", "yes" if s["statistic_csv"] else "no")
         out.print(table)
     if captures:
+        # a capture beside a data dump of its rank also names the data dump's iteration of its step
+        numbered = any(c["iteration"] is not None for c in captures)
         table = Table(title="exception and NaN/Inf captures", title_justify="left")
-        for column in ("kind", "step", "op", "scope", "what", "folder"):
+        for column in ("kind", "step", *(("iteration",) if numbered else ()), "op", "scope", "what", "folder"):
             table.add_column(column, overflow="fold" if column == "folder" else "ellipsis")
         for c in captures:
-            table.add_row(c["kind"], _fmt(c["step"]), markup_text(str(c["op"])), markup_text(str(c["scope"] or "")),
-                          markup_text(str(c["exception"] or ""), newlines=False), markup_text(c["path"]))
+            iteration = (_fmt(c["iteration"]) if c["iteration"] is not None else "",) if numbered else ()
+            table.add_row(c["kind"], _fmt(c["step"]), *iteration, markup_text(str(c["op"])),
+                          markup_text(str(c["scope"] or "")), markup_text(str(c["exception"] or ""), newlines=False),
+                          markup_text(c["path"]))
         out.print(table)
     return EXIT_OK
 
@@ -90,7 +100,7 @@ def _rows(reader: DumpReader, op: re.Pattern[str] | None, iteration: int | None,
             for row in reader.statistics(step):
                 if (op is None or op.search(row.op_name) or op.search(row.op_type)) and (io is None or row.io == io):
                     yield row
-            if bar:
+            if bar and task is not None:
                 bar.advance(task)
     finally:
         if bar:

@@ -5,7 +5,10 @@ section.  Nothing is prepared per call: the module wrapper and the op dispatch m
 :meth:`ExceptionDump.on_failure` only when an exception passes through them, innermost first, with
 the failing call's own arguments (the stack of calls in flight *is* Python's stack).  So:
 
-* module granularity (the default): the innermost module whose forward did not return;
+* module granularity (the default): the innermost module whose forward did not return, with what its
+  ``forward`` received: where forward pre-hooks changed the call's arguments, those PyTorch's
+  ``Module._call_impl`` handed on, read from its frame in the traceback (never by running the hooks
+  again: they may be stateful or collective, as FSDP's all-gathers are);
 * op granularity, whenever op interception is on for another feature (RDR ``op``, data dump):
   the aten op that raised, inside its module's scope;
 * backward: ``torch.autograd.backward`` / ``grad`` are wrapped; a failure names the autograd node
@@ -32,7 +35,7 @@ import torch
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._tensors import tensors_in
-from obs.features.dump.capture import python_stack, write_capture
+from obs.features.dump.capture import outputs_in, python_stack, write_capture
 from obs.runtime.steps import tracker
 from obs.runtime.torch._autograd_calls import AutogradCall
 from obs.settings.parallel import rank
@@ -40,6 +43,11 @@ from obs.settings.parallel import rank
 __all__ = ["ExceptionDump", "dump_of"]
 
 MODES = {"1": "inputs and outputs", "2": "inputs only"}
+#: What a failing module's ``inputs`` are (its meta.json's ``inputs_are``).
+INPUTS_ARE = {"forward": "what forward received",
+              "pre_hook": "what the forward pre-hook that raised was handed (forward was not called)",
+              "call": "the module call's arguments: forward pre-hooks ran, but PyTorch's Module._call_impl frame "
+                      "was not in the traceback, so what they handed forward is unknown"}
 _NODE_IN_MESSAGE = re.compile(r"Function '?(\w+)'? returned")
 
 
@@ -93,7 +101,8 @@ class ExceptionDump:
     def on_failure(self, error: BaseException, kind: str, name: str, args: Any, kwargs: Any,
                    module: Any = None) -> None:
         """An aten op (``kind`` "op", ``name`` its overload) or a module ("module", ``name`` its scope) raised
-        ``error`` when called with ``args``/``kwargs``; called innermost first."""
+        ``error`` when called with ``args``/``kwargs``; called innermost first.  A module's dump holds what its
+        forward received (after its forward pre-hooks)."""
         if not isinstance(error, Exception) or dump_of(error) is not None:
             return  # KeyboardInterrupt is no failure; the innermost call is already dumped
         if kind == "op":
@@ -107,12 +116,15 @@ class ExceptionDump:
         else:
             scope, op, folder = name, type(module).__name__, name
         meta = self._meta(error, kind, op, scope)
+        if kind == "module":
+            args, kwargs, inputs_are = _forward_args(error, module, args, kwargs)
+            meta.update(inputs_are=inputs_are, inputs_are_meaning=INPUTS_ARE[inputs_are])
         groups: list[tuple[str, Any]] = [("inputs", list(tensors_in(args, kwargs)))]
         if module is not None:  # a module's own weights are inputs of its ops
             groups.append(("parameters", list(_own_tensors(module))))
         if self.mode == "1":  # outputs that exist: an op's out= tensors; a failing module returned nothing
             out = (kwargs or {}).get("out") if kind == "op" else None
-            groups.append(("outputs", list(tensors_in((out,))) if out is not None else []))
+            groups.append(("outputs", list(outputs_in(out)) if out is not None else []))
         self._write(error, folder, meta, groups, frame=sys._getframe(1))
 
     # -- backward failures --------------------------------------------------------------------
@@ -147,6 +159,24 @@ class ExceptionDump:
             error._obs_exception_dump = path  # type: ignore[attr-defined]
         except AttributeError:
             pass
+
+
+def _forward_args(error: BaseException, module: Any, args: Any, kwargs: Any) -> tuple[Any, Any, str]:
+    """``(args, kwargs, INPUTS_ARE key)``: what ``module``'s forward received, given what it was called with."""
+    if not (module._forward_pre_hooks or torch.nn.modules.module._global_forward_pre_hooks):
+        return args, kwargs, "forward"
+    call_impl = torch.nn.Module._call_impl.__code__
+    tb = error.__traceback__
+    while tb is not None:  # from the wrapper that caught it down: the first _call_impl of this module is this call
+        frame = tb.tb_frame
+        if frame.f_code is call_impl and frame.f_locals.get("self") is module:
+            local = frame.f_locals  # args and kwargs are cells its inner() rebinds after each pre-hook
+            inner = tb.tb_next.tb_frame.f_locals if tb.tb_next is not None else {}
+            # inner() assigns bw_hook once every pre-hook has returned, right before it calls forward
+            reached = "bw_hook" in inner
+            return local.get("args", args), local.get("kwargs", kwargs), "forward" if reached else "pre_hook"
+        tb = tb.tb_next
+    return args, kwargs, "call"
 
 
 def _own_tensors(module: Any) -> Iterator[tuple[str, torch.Tensor]]:

@@ -16,6 +16,7 @@ a feature that is off installs nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Mapping
@@ -97,7 +98,9 @@ class DumpFeature:
         data = self._from_env
         section = env.get("dump", {})
         if section.get("common_dump_settings"):
-            data = parse_dump_config({k: v for k, v in section.items() if v}, source="env config section 'dump'")
+            body = {k: v for k, v in section.items() if v}
+            # raw: the dump's metadata keeps the settings (initial_iteration numbers the steps in `obs dump ls`)
+            data = parse_dump_config(body, source="env config section 'dump'", raw=json.dumps(body, indent=2))
         debug = data.op_debug_mode if data is not None else 0
 
         exc_section = env.get("exception_dump", {})

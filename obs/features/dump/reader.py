@@ -5,6 +5,13 @@ iteration folder.  Like MindInsight's ``DumpAnalyzer`` it lists and selects; it 
 until asked (:meth:`TensorFile.load`).  Pure: files in, dataclasses and numpy arrays out; files are
 opened without following symlinks (:mod:`obs._core.safe_files`), ``.npy`` files never unpickle.
 
+Two numberings meet here: a data dump numbers its steps by *iteration* (its folders; the first step is
+``initial_iteration``, 0 by default), while obs's other records (the RDR, Print, the NaN check, the
+exception dump, the profiler) number them from 1 (``obs.runtime.steps``).  The data dump writes
+iteration ``initial_iteration + step - 1`` (:mod:`obs.features.dump.data_dump`): :attr:`Step.training_step`
+and :attr:`Capture.iteration` give the other number, from the ``initial_iteration`` of the rank's
+``.dump_metadata/data_dump.json``.
+
 Errors: a folder with no dump in it is :class:`NotOurFileError`; a damaged ``statistic.csv`` or
 ``.npy`` is :class:`DamagedFileError` naming the file and the byte offset.
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import operator
 import os
 import re
 from collections.abc import Iterator
@@ -27,8 +35,8 @@ from obs._core.errors import DamagedFileError, NotOurFileError
 from obs.features.dump.statistic_csv import FIXED_COLUMNS
 from obs.settings.dump_config import CATEGORY_COLUMNS
 
-__all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "TensorKey", "load_npy", "parse_tensor_name",
-           "read_statistic_csv"]
+__all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "TensorKey", "initial_iteration", "load_npy",
+           "parse_tensor_name", "read_statistic_csv"]
 
 _MAX_CSV = 1 << 30  # a statistic.csv larger than this is not one of ours
 _COLUMN_KEYS = {column: key for key, column in reversed(CATEGORY_COLUMNS.items())}
@@ -37,13 +45,19 @@ _COLUMN_KEYS.update({"NaN Count": "nan count", "Nan Count": "nan count", "L2 Val
 
 @dataclass(frozen=True)
 class Step:
-    """One iteration folder: ``{path}/rank_{rank}/{net}/{graph}/{iteration}``."""
+    """One iteration folder: ``{path}/rank_{rank}/{net}/{graph}/{iteration}``.
+
+    ``training_step``: the step's number in obs's other records (the RDR, Print, the NaN check, the profiler),
+    ``iteration - initial_iteration + 1``; None where the rank's ``.dump_metadata/data_dump.json`` is missing or
+    unreadable.
+    """
 
     rank: int
     net: str
     graph: int
     iteration: int
     path: str
+    training_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,11 +129,18 @@ class StatRow(TensorKey):
 
 @dataclass(frozen=True)
 class Capture:
-    """One exception_dump / nan_check folder and its ``meta.json``."""
+    """One exception_dump / nan_check folder and its ``meta.json``.
+
+    ``rank``: of its ``rank_<r>`` folder.  ``iteration``: the data dump's number of the capture's step (its
+    ``meta["step"]``, counted from 1), where the same rank folder holds a data dump (``initial_iteration + step -
+    1``); None elsewhere.
+    """
 
     kind: str
     path: str
     meta: dict[str, Any]
+    rank: int = 0
+    iteration: int | None = None
 
 
 _NAME = re.compile(r"([^.]+)\.([^.]+)\.(\d+)\.(\d+)\.(\d+)\.(input|output)\.(\d+)\.([^.]+)\.([^.]+)\.npy")
@@ -193,6 +214,19 @@ def read_statistic_csv(path: str, step: Step | None = None) -> list[StatRow]:
     return rows
 
 
+def initial_iteration(rank_dir: str) -> int | None:
+    """The ``initial_iteration`` of the data dump in ``rank_dir`` (from ``.dump_metadata/data_dump.json``; 0 when
+    the JSON leaves it out, as MindSpore's default); None where there is no such file or it is not readable."""
+    path = os.path.join(rank_dir, ".dump_metadata", "data_dump.json")
+    try:
+        data = json.loads(safe_files.read_private(path, limit=1 << 20))
+    except (OSError, ValueError, RecursionError):  # absent, unreadable, not JSON, nested too deep
+        return None
+    common = data.get("common_dump_settings") if isinstance(data, dict) else None
+    value = common.get("initial_iteration", 0) if isinstance(common, dict) else None
+    return value if type(value) is int and value >= 0 else None
+
+
 def _int_dirs(path: str) -> list[tuple[int, str]]:
     out = []
     try:
@@ -213,6 +247,7 @@ class DumpReader:
         self.path = os.path.abspath(path)
         if not os.path.isdir(self.path):
             raise FileNotFoundError(f"{path}: no such folder")
+        self._initial: dict[str, int | None] = {}  # rank folder → its data dump's initial_iteration
         self._steps = self._find_steps()
         self._captures = self._find_captures()
         if not self._steps and not self._captures:
@@ -231,11 +266,18 @@ class DumpReader:
                 out.append((int(name[5:]), full))
         return out
 
+    def _step(self, rank: int, rank_dir: str, net: str, graph: int, iteration: int, path: str) -> Step:
+        if rank_dir not in self._initial:
+            self._initial[rank_dir] = initial_iteration(rank_dir)
+        first = self._initial[rank_dir]
+        return Step(rank, net, graph, iteration, path, None if first is None else iteration - first + 1)
+
     def _find_steps(self) -> list[Step]:
         # One iteration folder given directly: {..}/rank_r/net/graph/iteration
         parts = self.path.split(os.sep)
         if len(parts) >= 4 and parts[-1].isdigit() and parts[-2].isdigit() and re.fullmatch(r"rank_\d+", parts[-4]):
-            return [Step(int(parts[-4][5:]), parts[-3], int(parts[-2]), int(parts[-1]), self.path)]
+            return [self._step(int(parts[-4][5:]), os.sep.join(parts[:-3]), parts[-3], int(parts[-2]),
+                               int(parts[-1]), self.path)]
         steps = []
         for rank, rank_dir in self._rank_dirs():
             for net in sorted(os.listdir(rank_dir)):
@@ -245,12 +287,14 @@ class DumpReader:
                     continue
                 for graph, graph_dir in _int_dirs(net_dir):
                     for iteration, step_dir in _int_dirs(graph_dir):
-                        steps.append(Step(rank, net, graph, iteration, step_dir))
+                        steps.append(self._step(rank, rank_dir, net, graph, iteration, step_dir))
         return steps
 
     def _find_captures(self) -> list[Capture]:
         out = []
-        for _, rank_dir in self._rank_dirs():
+        for rank, rank_dir in self._rank_dirs():
+            # the data dump's numbering, where one of this rank is listed too
+            first = self._initial.get(rank_dir)
             for kind in ("exception_dump", "nan_check"):
                 folder = os.path.join(rank_dir, kind)
                 if not os.path.isdir(folder):
@@ -263,7 +307,10 @@ class DumpReader:
                         meta = json.loads(safe_files.read_private(meta_path, limit=1 << 24))
                     except (ValueError, OSError):
                         meta = {"unreadable": True}
-                    out.append(Capture(kind, os.path.join(folder, name), meta if isinstance(meta, dict) else {}))
+                    meta = meta if isinstance(meta, dict) else {}
+                    step = meta.get("step")
+                    iteration = first + step - 1 if first is not None and type(step) is int and step > 0 else None
+                    out.append(Capture(kind, os.path.join(folder, name), meta, rank, iteration))
         return out
 
     # -- listing ------------------------------------------------------------------------------
@@ -277,9 +324,32 @@ class DumpReader:
         """exception_dump and nan_check folders, oldest first per kind."""
         return list(self._captures)
 
-    def tensors(self, step: Step | None = None) -> Iterator[TensorFile]:
-        """Tensor files of one step (or all), in the order they were written (their timestamps)."""
-        for s in [step] if step is not None else self._steps:
+    def _steps_of(self, step: Step | int | None) -> list[Step]:
+        """The steps ``step`` names: itself (a :class:`Step`), every folder of that iteration (all ranks and nets),
+        or all (None)."""
+        if step is None:
+            return self._steps
+        if isinstance(step, Step):
+            return [step]
+        if isinstance(step, bool) or not hasattr(type(step), "__index__"):  # an int or a numpy integer, not True
+            raise TypeError(f"step must be a Step (from steps()), an iteration number (from iterations()) or None, "
+                            f"not {step!r}")
+        iteration = operator.index(step)
+        found = [s for s in self._steps if s.iteration == iteration]
+        if not found:
+            have = self.iterations()
+            raise ValueError(f"no iteration {iteration} in {self.path}: " +
+                             (f"its iterations are {have}" if have else "it holds no iteration folder"))
+        return found
+
+    def tensors(self, step: Step | int | None = None) -> Iterator[TensorFile]:
+        """Tensor files of one step (a :class:`Step`, or an iteration number: its folders of every rank), or of all,
+        in the order they were written (their timestamps).  An iteration that is not there raises ValueError
+        naming those that are, at the call."""
+        return self._tensors(self._steps_of(step))
+
+    def _tensors(self, steps: list[Step]) -> Iterator[TensorFile]:
+        for s in steps:
             found = []
             for name in os.listdir(s.path):
                 fields = parse_tensor_name(name)
@@ -287,9 +357,13 @@ class DumpReader:
                     found.append(TensorFile(*fields, path=os.path.join(s.path, name), step=s))
             yield from sorted(found, key=lambda t: (t.timestamp, t.io, t.slot))
 
-    def statistics(self, step: Step | None = None) -> Iterator[StatRow]:
-        """Rows of ``statistic.csv`` of one step (or all), in execution order."""
-        for s in [step] if step is not None else self._steps:
+    def statistics(self, step: Step | int | None = None) -> Iterator[StatRow]:
+        """Rows of ``statistic.csv`` of one step (a :class:`Step` or an iteration number, as :meth:`tensors`), or
+        of all, in execution order."""
+        return self._statistics(self._steps_of(step))
+
+    def _statistics(self, steps: list[Step]) -> Iterator[StatRow]:
+        for s in steps:
             path = os.path.join(s.path, "statistic.csv")
             if os.path.exists(path):
                 yield from read_statistic_csv(path, s)

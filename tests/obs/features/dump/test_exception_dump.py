@@ -271,3 +271,14 @@ def test_an_op_failing_in_backward_under_op_interception_is_named_after_its_forw
     m = meta(folder)
     assert (m["kind"], m["op"], m["scope"]) == ("op", "mm.default", "Gradients/Default/net-Outer/inner-Inner")
     assert [i["shape"] for i in m["inputs"]] == [[2, 3], [5, 5]]
+
+
+def test_mode_1_labels_an_ops_out_tensor_as_an_output(tmp_path):
+    arm(tmp_path, mode="1")
+    obs.subscribe(obs.Event.OP, lambda name, args, kwargs, duration_ns, error: None)  # another feature's op hook
+    out = torch.zeros(2, 2)
+    failing(lambda: torch.mm(torch.ones(2, 3), torch.ones(2, 2), out=out))
+    [folder] = dumps(tmp_path)
+    m = meta(folder)
+    assert m["kind"] == "op" and [o["arg"] for o in m["outputs"]] == ["output"]
+    assert [i["arg"] for i in m["inputs"]] == ["args[0]", "args[1]", "kwargs['out']"]

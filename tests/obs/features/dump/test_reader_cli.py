@@ -192,3 +192,19 @@ def test_obs_run_reads_the_dump_config_variable(tmp_path):
     reader = DumpReader(str(tmp_path / "out"))
     assert [s.iteration for s in reader.steps()] == [1]
     assert {r.io for r in reader.statistics()} == {"output"}
+
+
+def test_reader_takes_an_iteration_number_where_it_takes_a_step(tmp_path):
+    reader = DumpReader(str(dump_run(tmp_path / "a")))
+    second = reader.steps()[1]
+    assert [t.path for t in reader.tensors(1)] == [t.path for t in reader.tensors(second)]
+    assert list(reader.statistics(1)) == list(reader.statistics(second)) != []
+    assert [t.path for t in reader.tensors(np.int64(0))] == [t.path for t in reader.tensors(reader.steps()[0])]
+    with pytest.raises(ValueError, match=r"no iteration 7 in .*: its iterations are \[0, 1\]"):
+        reader.tensors(7)  # at the call, not at the first next()
+    with pytest.raises(ValueError, match=r"no iteration 7 .*\[0, 1\]"):
+        reader.statistics(7)
+    with pytest.raises(TypeError, match="an iteration number"):
+        reader.tensors("1")
+    with pytest.raises(TypeError, match="an iteration number"):
+        reader.tensors(True)
