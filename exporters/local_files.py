@@ -5,8 +5,10 @@ Files are created through :mod:`obs._core.safe_files` (0600, never through a sym
 reaches ``max_bytes`` is closed and renamed ``trace.1.json``, ``trace.2.json``, ... (higher is newer;
 the ``keep`` newest are kept); a file left by an earlier run is rotated away the same way.
 ``trace.json`` is a JSON array written as it goes: it lacks only its closing ``]`` until the
-exporter ends, which both viewers accept (a killed exporter leaves a readable file).  A full disk cuts
-a file back to its last whole record and counts the spans it could not write.
+exporter ends, which both viewers accept (a killed exporter leaves a readable file).  Its ``ts`` values
+are µs since the file's ``obs.trace_start`` event (wall-clock ns), written exactly: epoch µs as floats
+are only good to 0.25 µs, enough for a child to end after its parent.  A full disk cuts a file back to
+its last whole record and counts the spans it could not write.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from exporters.spans import Span
 from obs._core import safe_files
 
-__all__ = ["ChromeTraceWriter", "OtlpJsonWriter", "RotatingFile", "chrome_events"]
+__all__ = ["ORIGIN_EVENT", "ChromeTraceWriter", "OtlpJsonWriter", "RotatingFile", "chrome_events"]
 
 
 class RotatingFile:
@@ -112,12 +114,30 @@ class OtlpJsonWriter:
         self.file.close()
 
 
-def _us(ns: int) -> float:
-    return round(ns / 1000, 3)
+#: the metadata event that starts every ``trace.json``: ``args.unix_ns`` is the time its ``ts`` values count from
+ORIGIN_EVENT = "obs.trace_start"
 
 
-def chrome_events(spans: Sequence[Span], pid: int) -> list[dict[str, Any]]:
-    """Complete ("X") events of ``spans`` on one track per rank, ids and attributes in ``args``."""
+def _us(ns: int) -> str:
+    """``ns`` as a JSON number of µs, exact: at most three decimals, never through a float."""
+    whole, part = divmod(abs(ns), 1000)
+    return ("-" if ns < 0 else "") + str(whole) + (f".{part:03d}".rstrip("0") if part else "")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _event(head: dict[str, Any], ts_ns: int, dur_ns: int | None, tail: dict[str, Any]) -> str:
+    times = f'"ts":{_us(ts_ns)}' + ("" if dur_ns is None else f',"dur":{_us(dur_ns)}')
+    return f"{_dumps(head)[:-1]},{times},{_dumps(tail)[1:]}"
+
+
+def chrome_events(spans: Sequence[Span], pid: int, *, origin_ns: int) -> list[str]:
+    """Complete ("X") events of ``spans`` on one track per rank, ids and attributes in ``args``, as JSON text.
+
+    ``ts`` is the span's start in µs since ``origin_ns`` and ``dur`` its duration, both exact to the ns, so
+    ``ts + dur`` is the end as recorded: a child that ends with its parent ends with it in the file too."""
     out = []
     for s in spans:
         args = {k: v for k, v in s.attributes.items()}
@@ -126,32 +146,48 @@ def chrome_events(spans: Sequence[Span], pid: int) -> list[dict[str, Any]]:
             args["parent_span_id"] = f"{s.parent_id:016x}"
         if s.error:
             args["error"] = True
-        out.append({"name": s.name, "cat": s.kind, "ph": "X", "ts": _us(s.start_ns), "dur": _us(s.duration_ns),
-                    "pid": pid, "tid": 1, "args": args})
+        out.append(_event({"name": s.name, "cat": s.kind, "ph": "X"}, s.start_ns - origin_ns, s.duration_ns,
+                          {"pid": pid, "tid": 1, "args": args}))
     return out
 
 
 class ChromeTraceWriter:
-    """``trace.json`` in the Chrome trace event format (JSON array form)."""
+    """``trace.json`` in the Chrome trace event format (JSON array form).
+
+    Times are relative, so that a float of µs (what viewers parse) keeps the ns: the first record of each file
+    (rotated ones too) is an ``obs.trace_start`` metadata event holding the wall-clock ns its ``ts`` values count
+    from (the start of the first event written to it)."""
 
     def __init__(self, folder: str, max_bytes: int, *, rank: int, pid: int) -> None:
         self.rank = rank
+        self.origin_ns: int | None = None  #: what the live file's ``ts`` values count from, once it has one
         meta = [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
                  "args": {"name": f"obs rank {rank} (pid {pid})"}},
                 {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
                 {"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "training steps"}}]
-        head = b"[\n" + b",\n".join(json.dumps(m, separators=(",", ":")).encode() for m in meta)
+        head = b"[\n" + b",\n".join(_dumps(m).encode() for m in meta)
         self.file = RotatingFile(os.path.join(folder, "trace.json"), max_bytes, head=head, tail=b"\n]\n")
 
+    def _append(self, first_ns: int, encode: Callable[[int], list[str]]) -> None:
+        """Append ``encode(origin)`` as one record; a file's first record sets its origin to ``first_ns``."""
+        origin, events = self.origin_ns, []
+        if origin is None:
+            origin = first_ns
+            events.append(_dumps({"ph": "M", "name": ORIGIN_EVENT, "pid": self.rank, "tid": 0,
+                                  "args": {"unix_ns": origin}}))
+        events += encode(origin)
+        self.file.append("".join(",\n" + e for e in events).encode())
+        self.origin_ns = origin if self.file.records else None  # None: it rotated, the next file gets its own
+
     def write(self, spans: Sequence[Span]) -> None:
-        events = chrome_events(spans, self.rank)
-        if events:
-            self.file.append(b"".join(b",\n" + json.dumps(e, separators=(",", ":")).encode() for e in events))
+        if spans:
+            self._append(min(s.start_ns for s in spans), lambda origin: chrome_events(spans, self.rank,
+                                                                                      origin_ns=origin))
 
     def counter(self, name: str, t_ns: int, value: int) -> None:
         """A counter track (dropped spans over time)."""
-        event = {"ph": "C", "name": name, "pid": self.rank, "tid": 1, "ts": _us(t_ns), "args": {"dropped": value}}
-        self.file.append(b",\n" + json.dumps(event, separators=(",", ":")).encode())
+        self._append(t_ns, lambda origin: [_event({"ph": "C", "name": name, "pid": self.rank, "tid": 1},
+                                                  t_ns - origin, None, {"args": {"dropped": value}})])
 
     def close(self) -> None:
         self.file.close()

@@ -12,8 +12,10 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
+from exporters.local_files import ORIGIN_EVENT
 from exporters.spans import Span
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
@@ -23,6 +25,7 @@ __all__ = ["TraceFile", "TraceFolder", "iter_otlp_requests", "read_chrome_trace"
 
 _KINDS = {"step", "phase", "module", "op"}
 _MAX_FILE = 1 << 31
+_MAX_US = 1 << 53  # a time beyond this (285 years) is damage
 
 
 @dataclass
@@ -146,16 +149,42 @@ def read_otlp_jsonl(path: str) -> TraceFile:
     return TraceFile(path, "otlp-jsonl", spans, dropped, resource)
 
 
+def _ns(us: Any) -> int:
+    """A ``ts`` / ``dur`` in µs (read as a Decimal: exact) → ns."""
+    if isinstance(us, bool) or not isinstance(us, (int, Decimal)):
+        raise TypeError(f"a time is not a number: {us!r}"[:80])
+    if not -_MAX_US < us < _MAX_US:  # so that no int of a million digits is ever built
+        raise ValueError(f"a time out of range: {us!r}"[:80])
+    return us * 1000 if isinstance(us, int) else int((us * 1000).to_integral_value())
+
+
+def _whole(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {value!r}"[:80])
+    return value
+
+
+def _float(value: Any) -> Any:
+    return float(value) if isinstance(value, Decimal) else value
+
+
+def _attributes(args: Any) -> dict[str, Any]:
+    """An event's ``args`` as the writer had them (scalars, arrays of scalars): the Decimals read back to floats."""
+    return {k: [_float(x) for x in v] if isinstance(v, list) else _float(v) for k, v in dict(args or {}).items()}
+
+
 def read_chrome_trace(path: str) -> TraceFile:
+    """A ``trace.json``; ``ts`` counts from the file's ``obs.trace_start`` event, or, in a file written before
+    there was one, from the epoch."""
     data = _read(path)
     text = data.decode("utf-8", "replace").rstrip()
     if not text.startswith(("[", "{")):
         raise NotOurFileError(f"{path}: not a Chrome trace (it must start with '[' or '{{')", path=path)
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_float=Decimal)
     except (ValueError, RecursionError):
         try:  # the array form may lack its closing bracket (a writer that was killed)
-            doc = json.loads(text.rstrip(",") + "]") if text.startswith("[") else None
+            doc = json.loads(text.rstrip(",") + "]", parse_float=Decimal) if text.startswith("[") else None
         except (ValueError, RecursionError) as exc:
             offset = getattr(exc, "pos", len(data))
             raise DamagedFileError(f"{path}: damaged Chrome trace at byte {offset}: {str(exc)[:80]}", path=path,
@@ -163,22 +192,23 @@ def read_chrome_trace(path: str) -> TraceFile:
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise NotOurFileError(f"{path}: not a Chrome trace (no event array)", path=path)
-    spans, dropped = [], 0
+    spans, dropped, origin = [], 0, 0  # no origin event: a file written before there was one (epoch µs)
     for i, e in enumerate(events):
         try:
             if not isinstance(e, dict):
                 raise TypeError("an event is not an object")
+            if e.get("ph") == "M" and e.get("name") == ORIGIN_EVENT:
+                origin = _whole(e["args"]["unix_ns"])
             if e.get("ph") == "C" and e.get("name") == "obs.dropped_spans":
-                dropped = max(dropped, int(e["args"]["dropped"]))
+                dropped = max(dropped, _whole(e["args"]["dropped"]))
             if e.get("ph") != "X" or e.get("cat") not in _KINDS:
                 continue
-            args = dict(e.get("args") or {})
+            args = _attributes(e.get("args"))
             ids = (args.pop("trace_id"), args.pop("span_id"), args.pop("parent_span_id", ""))
             error = bool(args.pop("error", False))
-            start = round(float(e["ts"]) * 1000)
+            start = origin + _ns(e["ts"])
             spans.append(Span(str(e["name"]), e["cat"], int(ids[0], 16), int(ids[1], 16),
-                              int(ids[2], 16) if ids[2] else 0, start, start + round(float(e["dur"]) * 1000), args,
-                              error))
+                              int(ids[2], 16) if ids[2] else 0, start, start + _ns(e["dur"]), args, error))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DamagedFileError(f"{path}: damaged trace event #{i}: {type(exc).__name__}: {str(exc)[:80]}",
                                    path=path, offset=0) from None

@@ -257,6 +257,29 @@ atexit.register(feature.fsync)
 os.register_at_fork(after_in_child=feature._after_fork)
 
 
+def _step() -> int:
+    """The step a call made now belongs to.
+
+    Where only the optimizer hooks detect steps (Print to file, RDR ``step`` granularity), step N has not begun
+    while its forward runs: a call inside a module call with grad enabled begins it, as the module hooks would.
+    """
+    if not tracker.in_step and not tracker.explicit and tracker.detecting:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.is_grad_enabled() and _in_module_call(torch):
+            tracker.auto_begin()
+    return tracker.step
+
+
+def _in_module_call(torch: Any) -> bool:
+    code = torch.nn.Module._call_impl.__code__
+    frame: Any = sys._getframe()
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def publish(values: tuple[Any, ...], source: str) -> list[Item]:
     """Write one Print call (file or screen) and emit PRINT; bad values raise before anything is written."""
     items = normalize(values)
@@ -265,7 +288,7 @@ def publish(values: tuple[Any, ...], source: str) -> list[Item]:
         writer = feature.current()
     except OSError as exc:  # the file could not be made (a race since set_context): say so, print to the screen
         report_internal_error(f"Print: opening {feature.target}", exc)
-    meta = CallMeta(next(_seq), time.time_ns(), tracker.step, rank(), os.getpid(), source, len(items),
+    meta = CallMeta(next(_seq), time.time_ns(), _step(), rank(), os.getpid(), source, len(items),
                     feature.parent_pid if writer is not None else 0)
     try:
         if writer is not None:

@@ -14,8 +14,12 @@ and says so with :meth:`StepTracker.require`.  With neither, nothing is installe
 
 Where a step begins depends on what is installed: with module events (or a compiled graph), at
 its first forward; with the optimizer hooks alone (Print to file, RDR ``step`` granularity), at
-``optimizer.step()``, so a record made earlier in that step's forward carries the previous
-step's number.  ``obs.steps(loader)`` / ``with obs.step():`` mark exact boundaries.
+``optimizer.step()``, unless a record made inside a module call with grad enabled begins it first
+(``obs.Print`` does: see :meth:`StepTracker.auto_begin`), so a Print in step N's forward says N.
+``obs.steps(loader)`` / ``with obs.step():`` mark exact boundaries.
+
+MEMORY is read at every step end by default (on CPU a pread of ``/proc/self/statm``, ~4 µs);
+:data:`MEMORY_INTERVAL_NS` spaces the readings where that costs too much for the step time.
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ from typing import Any, TypeVar
 from obs._core.events import Event, bus
 from obs._core.internal import report_internal_error
 
-__all__ = ["MEMORY_INTERVAL_NS", "StepDemand", "StepTracker", "step", "steps", "tracker"]
+__all__ = ["MEMORY_INTERVAL_NS", "STEP_EVENTS", "StepDemand", "StepTracker", "step", "steps", "tracker"]
 
-#: MEMORY is sampled at a step end at most this often: reading RSS or CUDA allocator statistics
-#: costs 15-50 µs, a few percent of a millisecond step.
-MEMORY_INTERVAL_NS = 50_000_000
+#: MEMORY is read at a step end when this long has passed since the last reading; 0 (the default): at every
+#: step end.  Read at each step end, so setting ``obs.runtime.steps.MEMORY_INTERVAL_NS`` takes effect at once.
+MEMORY_INTERVAL_NS = 0
+
+#: the events whose subscribers make the runtime adapter detect steps
+STEP_EVENTS = (Event.STEP_BEGIN, Event.STEP_END, Event.MEMORY)
 
 T = TypeVar("T")
 
@@ -118,6 +125,12 @@ class StepTracker:
         """True while some feature declared it needs step numbers (see :meth:`require`)."""
         return bool(self._demands)
 
+    @property
+    def detecting(self) -> bool:
+        """True while steps are detected: a feature's demand (:attr:`wanted`) or a STEP_BEGIN / STEP_END / MEMORY
+        subscriber."""
+        return bool(self._demands) or any(bus.has_subscribers(e) for e in STEP_EVENTS)
+
     def watch(self, watcher: Callable[[], None]) -> Callable[[], None]:
         """Call ``watcher()`` whenever the demands change; returns an undo."""
         with self._lock:
@@ -161,10 +174,8 @@ class StepTracker:
             self.in_step = False
             number, duration = self.step, time.perf_counter_ns() - self._began_ns
         bus.emit(Event.STEP_END, number, duration)
-        probe, last, now = self.memory_probe, self._memory_ns, time.perf_counter_ns()
-        due = last is None or now - last >= MEMORY_INTERVAL_NS
-        if probe is not None and due and bus.has_subscribers(Event.MEMORY):
-            self._memory_ns = now
+        probe, interval = self.memory_probe, MEMORY_INTERVAL_NS
+        if probe is not None and bus.has_subscribers(Event.MEMORY) and self._memory_due(interval):
             try:
                 stats = probe()
             except Exception as exc:  # noqa: BLE001 - reported; a hook's bug must not break the training loop
@@ -174,6 +185,15 @@ class StepTracker:
         if self.at_boundary:
             self._boundary()
 
+    def _memory_due(self, interval: int) -> bool:
+        if interval <= 0:
+            return True
+        last, now = self._memory_ns, time.perf_counter_ns()
+        if last is not None and now - last < interval:
+            return False
+        self._memory_ns = now
+        return True
+
     def _boundary(self) -> None:
         for hook in self.at_boundary:
             try:
@@ -182,7 +202,8 @@ class StepTracker:
                 report_internal_error("step boundary hook", exc)
 
     def auto_begin(self) -> None:
-        """A detected begin: the optimizer pre-hook, or the first module / compiled-graph call with grad enabled."""
+        """A detected begin: the optimizer pre-hook, the first module / compiled-graph call with grad enabled, or a
+        record made inside a module call with grad enabled (``obs.Print``, where no module hook is installed)."""
         if not self.explicit and not self.in_step:
             self.begin()
 

@@ -453,3 +453,63 @@ def test_forked_dataloader_workers_have_their_own_seq_and_are_marked_as_workers(
     assert shown.count("worker pid ") == 12 and f"(of {me}" in shown
     lines = [json.loads(x) for x in obs_cli("print", str(path), "--json").stdout.splitlines()]
     assert sum(x["worker"] for x in lines) == 12 and {x["parent_pid"] for x in lines} == {me}
+
+
+# -- the step a call says ------------------------------------------------------------------------
+
+class _StepNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        obs.Print("forward", x.shape[0])
+        return self.fc(x)
+
+
+def _train_printing(steps, *, evaluate_after=False):
+    net = _StepNet()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        net(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        obs.Print("after step")
+    if evaluate_after:
+        with torch.no_grad():
+            net(torch.ones(2, 4))
+
+
+def _steps_said(path):
+    return [(c.values[0], c.meta.step) for c in iter_print(path)]
+
+
+def _expected(steps, *, evaluated=False):
+    said = [pair for n in range(1, steps + 1) for pair in (("forward", n), ("after step", n))]
+    return said + ([("forward", steps)] if evaluated else [])
+
+
+def test_a_print_in_forward_says_its_own_step_without_the_rdr(tmp_path):
+    """A Print in step N's forward said N-1: with Print alone, only the optimizer hooks saw steps begin."""
+    path = tmp_path / "print.pb"
+    obs.set_context(print_file_path=str(path))
+    _train_printing(3, evaluate_after=True)  # an eval forward after the last step stays in it
+    obs.reset_context()
+    assert _steps_said(path) == _expected(3, evaluated=True)
+
+
+@pytest.mark.parametrize("granularity", ["step", "module"])
+def test_a_print_in_forward_says_its_own_step_with_the_rdr(tmp_path, granularity):
+    from recorder.bundle_reader import load_bundle
+
+    config = tmp_path / "obs.json"
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"),
+                                          "granularity": granularity}}))
+    path = tmp_path / "print.pb"
+    obs.set_context(env_config_path=str(config), print_file_path=str(path))
+    _train_printing(3)
+    bundle = obs.rdr.dump("prints")
+    obs.reset_context()
+    assert _steps_said(path) == _expected(3)
+    recorded = [(e["values"][0], e["step"]) for e in load_bundle(bundle).iter_events() if e["kind"] == "print"]
+    assert recorded == _expected(3)
