@@ -54,10 +54,17 @@ class Event(enum.Enum):
                                "a graph (a torch.fx.GraphModule) and is about to hand it to the backend; at "
                                "save_graphs >= 2 also each graph after AOT autograd (`graph_module.meta['obs_stage']` "
                                "says which: dynamo_capture, aot_forward, aot_backward, aot_inference, aot_joint).")
+    COMPILE_RECORD = EventSpec("compile_record", ("compile_id", "kind", "meta", "payload"), "torch.compile or "
+                               "torch.export reported a step of a compile (any backend, obs.compile's too), from "
+                               "PyTorch's structured trace: `kind` is dynamo_start, dynamo_output_graph, "
+                               "aot_forward_graph, aot_backward_graph, aot_inference_graph, aot_joint_graph, "
+                               "inductor_post_grad_graph, inductor_output_code, graph_break, recompile or "
+                               "compilation_metrics; `compile_id` is PyTorch's `frame/compile` id (`0/1`); `meta` a "
+                               "dict; `payload` the graph's code or the reason's text ('' when none).")
     GRAPH_IR = EventSpec("graph_ir", ("name", "stage", "text"), "A graph in MindSpore's `.ir` text (obs.graphs): "
                          "every graph obs.compile publishes, the eager trace graph and obs.dump_graph's; `stage` "
                          "says which (dynamo_capture, aot_forward, aot_backward, trace, export, ...).")
-    MEMORY = EventSpec("memory", ("step", "stats"), "Memory at a step end, sampled at most every 50 ms: CUDA "
+    MEMORY = EventSpec("memory", ("step", "stats"), "Memory at each step end: CUDA "
                        "allocator statistics on GPU, process RSS on CPU.")
     COLLECTIVE = EventSpec("collective", ("record",), "A torch.distributed collective changed state "
                            "(scheduled/started/completed); `record` is a dict.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from typing import Any
 
 from rich.table import Table
 from rich.tree import Tree
@@ -53,9 +54,31 @@ def run_ls(path: str | None, *, as_json: bool) -> int:
                               markup_text(g.stage), "" if g.nodes is None else str(g.nodes),
                               "" if g.step is None else str(g.step), markup_text(g.file))
             out.print(table)
+        _compile_tables(out, listing)
     for problem in listing.problems:
         warning(problem)
     return EXIT_FAILURE if listing.problems else EXIT_OK
+
+
+def _compile_tables(out: Any, listing: Any) -> None:
+    """Graph breaks and recompiles, as PyTorch reported them (index.json's ``breaks`` and ``recompiles``)."""
+    if listing.breaks:
+        table = Table(title=f"{len(listing.breaks)} graph break(s)", title_justify="left")
+        for column in ("compile", "function", "at", "reason"):
+            table.add_column(column, overflow="fold")
+        for b in listing.breaks:
+            reason = b.get("explanation") or b.get("reason") or ""
+            table.add_row(markup_text(str(b.get("compile", ""))), markup_text(str(b.get("function", ""))),
+                          markup_text(str(b.get("source", ""))), markup_text(str(reason)))
+        out.print(table)
+    if listing.recompiles:
+        table = Table(title=f"{len(listing.recompiles)} recompile(s)", title_justify="left")
+        for column in ("compile", "function", "guard that failed"):
+            table.add_column(column, overflow="fold")
+        for r in listing.recompiles:
+            table.add_row(markup_text(str(r.get("compile", ""))), markup_text(str(r.get("function", ""))),
+                          markup_text("; ".join(str(x) for x in r.get("reasons", ()))))
+        out.print(table)
 
 
 def _scope_tree(scopes: dict[str, int], title: str, max_depth: int = 6) -> Tree:

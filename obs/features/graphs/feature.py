@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from obs._core import env, safe_files
+from obs._core.after_import import after_import
 from obs._core.demands import demands
 from obs._core.errors import ObsConfigError, shorten
 from obs._core.events import Event, Subscription, bus
@@ -81,6 +82,10 @@ class GraphsFeature:
         self.pynative = True
         self._files: dict[str, GraphFiles] = {}
         self._compiled: Subscription | None = None
+        self._records: Subscription | None = None  # COMPILE_RECORD: every compile's graphs, breaks, recompiles
+        self._exports: Any = None  # every torch.export program (obs.runtime.torch._exports)
+        self._steps: Any = None  # the step demand held while compiles are listened to
+        self._awaiting_torch = False
         self._trace: Any = None  # the armed tracer (obs.graphs.trace), until its step ends
         self.traced = False  #: the eager trace graph of this process was written
         bus.watch(self._on_bus)
@@ -163,6 +168,32 @@ class GraphsFeature:
             elif not want and self._compiled is not None:
                 self._compiled.remove()
                 self._compiled = None
+            want_records = self.level > 0 and "torch" in sys.modules  # compiles need torch: listen once it is in
+            if self.level > 0 and not want_records and not self._awaiting_torch and _torch_available():
+                self._awaiting_torch = True
+                after_import("torch", self.sync)
+            if self._records is not None and not self._records.active:
+                self._records = None
+            if want_records and self._records is None:
+                from obs.features.graphs.compiles import CompileRecords
+                from obs.runtime.steps import tracker
+
+                handler = CompileRecords(self.files, level, _own_compile, _next_step)
+                self._records = bus.subscribe(Event.COMPILE_RECORD, handler.on_record)
+                self._steps = tracker.require("save_graphs")  # each graph names the step it was compiled in
+            elif not want_records and self._records is not None:
+                self._records.remove()
+                self._records = None
+                if self._steps is not None:
+                    self._steps.remove()
+                    self._steps = None
+            if want_records and self._exports is None:
+                from obs.runtime.torch._exports import ExportHook
+
+                self._exports = ExportHook(self._on_export)
+            elif not want_records and self._exports is not None:
+                self._exports.remove()
+                self._exports = None
             want_trace = self.level > 0 and self.pynative and not self.traced
             if want_trace and self._trace is None and _torch_available():
                 from obs.features.graphs.trace import Tracer
@@ -185,14 +216,19 @@ class GraphsFeature:
             doc, stage = describe_compiled(name, graph_module)
         self.publish(doc, stage, name)
 
+    def _on_export(self, program: Any) -> None:
+        from obs.features.graphs.describe import describe_export
+
+        doc, stage = describe_export(program, "program")  # an ExportedProgram keeps no name of its model
+        self.publish(doc, stage, "program")
+
     def publish(self, doc: Any, stage: str, name: str, *, level: int | None = None) -> Written | None:
         """Write ``doc``'s files for the level in force (or ``level``) and emit GRAPH_IR; returns what was written."""
         from obs.features.graphs.dot import dot_text
         from obs.features.graphs.ir_text import ir_text
-        from obs.runtime.steps import tracker
 
         lvl = self.level if level is None else level
-        step = tracker.step if tracker.in_step else tracker.step + 1  # compiled between steps: for the next one
+        step = _next_step()
         doc.attrs.setdefault("stage", stage)
         doc.attrs.setdefault("step", str(step))
         text = ir_text(doc)
@@ -218,6 +254,19 @@ class GraphsFeature:
             if found is None:
                 found = self._files[folder] = GraphFiles(folder)
             return found
+
+
+def _own_compile(compile_id: str) -> bool:
+    from obs.runtime.torch._compile import OWN_COMPILES
+
+    return compile_id in OWN_COMPILES
+
+
+def _next_step() -> int:
+    """The step a graph belongs to: the one running, or (compiled between steps) the next one."""
+    from obs.runtime.steps import tracker
+
+    return tracker.step if tracker.in_step else tracker.step + 1
 
 
 def _torch_available() -> bool:

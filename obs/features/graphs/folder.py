@@ -4,7 +4,9 @@
 ``.dot`` taking the next number and an ``.svg`` beside it at level 3).  Every file is written through
 :mod:`obs._core.safe_files` (0600 files, 0700 folders, temp name + rename); names built from graph
 and module names keep to ``[A-Za-z0-9_.-]``, so nothing escapes the folder.  ``index.json`` lists
-every graph of this process: its files, stage, step and the compile that produced it.
+every graph of this process: its files, stage, step and the compile that produced it; and every compile
+(``compiles``), graph break (``breaks``, reason and the user's line) and recompile (``recompiles``, the guards
+that failed) that PyTorch reported.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class GraphFiles:
         self.folder = os.path.abspath(folder)
         self._lock = threading.Lock()
         self._entries: list[dict[str, Any]] = []
+        self._sections: dict[str, list[dict[str, Any]]] = {"graphs": self._entries}
         self._noted = False
 
     def write(self, *, graph: str, stage: str, name: str, level: int, text: str, verbose: str | None = None,
@@ -94,17 +97,37 @@ class GraphFiles:
                 svg_name = dot_name[:-4] + ".svg"
                 self._put(svg_name, svg)
                 result.files["svg"] = svg_name
-        entry = {"number": number, "graph": graph, "stage": stage, "files": dict(result.files),
-                 "time_ns": time.time_ns(), **(meta or {})}
+        self._index("graphs", {"number": number, "graph": graph, "stage": stage, "files": dict(result.files),
+                                "time_ns": time.time_ns(), **(meta or {})})
+        return result
+
+    def write_code(self, *, graph: str, stage: str, name: str, text: str, meta: dict[str, Any]) -> Written:
+        """Write one graph given as Python code (PyTorch's own rendering of an FX graph, or Inductor's output
+        code) as ``{NNNN}_{stage}_{name}.py`` and index it."""
+        safe_files.ensure_dir(self.folder)
+        number = next_number()
+        file = f"{number:04d}_{safe_name(stage, limit=32)}_{safe_name(name)}.py"
+        self._put(file, text)
+        result = Written(graph, stage, {"code": file}, self.folder)
+        self._index("graphs", {"number": number, "graph": graph, "stage": stage, "files": {"code": file},
+                                "time_ns": time.time_ns(), **meta})
+        return result
+
+    def note(self, section: str, entry: dict[str, Any]) -> None:
+        """Add ``entry`` to the index's ``section`` (``compiles``, ``breaks``, ``recompiles``)."""
+        safe_files.ensure_dir(self.folder)
+        self._index(section, {**entry, "time_ns": time.time_ns()})
+
+    def _index(self, section: str, entry: dict[str, Any]) -> None:
         with self._lock:
-            self._entries.append(entry)
-            index = {"schema_version": 1, "pid": os.getpid(), "graphs": list(self._entries)}
+            self._sections.setdefault(section, []).append(entry)
+            index = {"schema_version": 1, "pid": os.getpid(), "graphs": list(self._entries), **{
+                k: list(v) for k, v in self._sections.items() if k != "graphs"}}
             safe_files.write_atomic(os.path.join(self.folder, INDEX), json.dumps(index, indent=1, default=str),
                                     fsync=False)
         if not self._noted:
             self._noted = True
             outputs.wrote("graph dumps", self.folder)
-        return result
 
     @property
     def entries(self) -> list[dict[str, Any]]:

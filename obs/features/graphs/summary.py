@@ -43,9 +43,15 @@ class Listed:
 
 @dataclass
 class Listing:
+    """A folder's graphs, and what its index says of each compile: ``compiles``, ``breaks`` (graph breaks:
+    compile, function, source, reason, explanation) and ``recompiles`` (compile, function, reasons)."""
+
     folder: str
     graphs: list[Listed]
     problems: list[str] = field(default_factory=list)
+    compiles: list[dict[str, Any]] = field(default_factory=list)
+    breaks: list[dict[str, Any]] = field(default_factory=list)
+    recompiles: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +72,7 @@ def list_graphs(path: str) -> Listing:
     for folder in _folders(path):
         prefix = os.path.relpath(folder, path)
         prefix = "" if prefix == "." else prefix + os.sep
-        indexed = _from_index(folder, prefix, out.problems)
+        indexed = _from_index(folder, prefix, out)
         seen = {g.file for g in indexed}
         out.graphs.extend(indexed)
         for file in sorted(glob.glob(os.path.join(glob.escape(folder), "*.ir"))):
@@ -86,7 +92,7 @@ def list_graphs(path: str) -> Listing:
     return out
 
 
-def _from_index(folder: str, prefix: str, problems: list[str]) -> list[Listed]:
+def _from_index(folder: str, prefix: str, listing: Listing) -> list[Listed]:
     path = os.path.join(folder, INDEX)
     if not os.path.lexists(path):
         return []
@@ -97,11 +103,16 @@ def _from_index(folder: str, prefix: str, problems: list[str]) -> list[Listed]:
         for e in entries:
             files = {k: prefix + str(v) for k, v in e["files"].items()}
             out.append(Listed(int(e["number"]), str(e["graph"]), str(e["stage"]), e.get("nodes"), e.get("step"),
-                              files["ir"], files))
+                              files.get("ir") or files["code"], files))
+        for section in ("compiles", "breaks", "recompiles"):
+            found = data.get(section, [])
+            if not isinstance(found, list) or not all(isinstance(x, dict) for x in found):
+                raise TypeError(f"{section!r} is not a list of objects")
+            getattr(listing, section).extend({**x, "folder": prefix} if prefix else x for x in found)
         return out
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        problems.append(f"{path}: unreadable index ({type(exc).__name__}: {exc}); its graphs are listed from their "
-                        "files")
+        listing.problems.append(f"{path}: unreadable index ({type(exc).__name__}: {exc}); its graphs are listed "
+                                "from their files")
         return []
 
 

@@ -186,7 +186,7 @@ class Tracer:
                 return
         if self._root:
             return
-        self._root = type(module).__name__
+        self._root = type(getattr(module, "_orig_mod", module)).__name__  # torch.compile's wrapper: what it wraps
         for name, t in [*module.named_parameters(), *module.named_buffers()]:
             self._names.setdefault(id(t), name)
 

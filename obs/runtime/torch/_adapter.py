@@ -5,6 +5,7 @@
 - MODULE_ENTER / MODULE_EXIT → a wrapper of ``nn.Module.__call__`` with scope names.
 - OP / OP_OUTPUT → a dispatch mode on the subscribing thread.
 - COLLECTIVE → wrappers of the torch.distributed collectives.
+- COMPILE_RECORD → a handler on PyTorch's structured-trace logger (every compile in the process).
 - PHASE → a wrapper of ``torch.autograd.backward``, optimizer step hooks, and the module wrapper (root calls).
 No subscriber, no hook: the bus (and the step tracker, for demands) tells the adapter whenever
 subscriptions change.
@@ -65,6 +66,7 @@ class TorchAdapter:
         self._ops: OpInterceptor | None = None
         self._collectives: Any = None
         self._phases: Any = None
+        self._compile_log: Any = None
         tracker.memory_probe = memory_stats
         self._unwatch = bus.watch(self._on_change)
         self._unwatch_demands = tracker.watch(self.sync)
@@ -74,7 +76,8 @@ class TorchAdapter:
     def installed(self) -> dict[str, bool]:
         """Which hook families are in place (for tests and ``obs demo``)."""
         return {"steps": bool(self._optim), "modules": self._modules is not None, "ops": self._ops is not None,
-                "collectives": self._collectives is not None, "phases": self._phases is not None}
+                "collectives": self._collectives is not None, "phases": self._phases is not None,
+                "compiles": self._compile_log is not None}
 
     def _on_change(self, event: Event) -> None:
         if event is not Event.SETTINGS_CHANGED:
@@ -120,6 +123,15 @@ class TorchAdapter:
                 self._ops.remove()
                 self._ops = None
 
+            want_compiles = bus.has_subscribers(Event.COMPILE_RECORD)
+            if want_compiles and self._compile_log is None:
+                from obs.runtime.torch._compile_log import CompileLog
+
+                self._compile_log = CompileLog()
+            elif not want_compiles and self._compile_log is not None:
+                self._compile_log.remove()
+                self._compile_log = None
+
             want_collectives = bus.has_subscribers(Event.COLLECTIVE) and torch.distributed.is_available()
             if want_collectives and self._collectives is None:
                 from obs.runtime.torch._collectives import CollectiveHooks
@@ -150,6 +162,9 @@ class TorchAdapter:
             if self._phases is not None:
                 self._phases.remove()
                 self._phases = None
+            if self._compile_log is not None:
+                self._compile_log.remove()
+                self._compile_log = None
 
 
 adapter = TorchAdapter()

@@ -24,7 +24,10 @@ from obs._core.events import Event, bus
 from obs._core.internal import suppressed
 from obs.runtime.steps import tracker
 
-__all__ = ["ObsBackend", "compile"]
+__all__ = ["OWN_COMPILES", "ObsBackend", "compile"]
+
+#: PyTorch's ids (``frame/compile``) of the compiles obs.compile's backend made (their graphs are written as .ir)
+OWN_COMPILES: set[str] = set()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,6 +49,9 @@ class ObsBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         with _counter_lock:
             index = next(_counter)
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        if compile_id is not None:
+            OWN_COMPILES.add(str(compile_id))
         self.graphs += 1
         name = f"{self.name}_{index}"
         backend = self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", "custom")

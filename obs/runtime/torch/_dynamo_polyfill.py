@@ -20,11 +20,10 @@ when Dynamo is already loaded, else right after its first import (a one-shot imp
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import logging
-import sys
 from typing import Any
+
+from obs._core.after_import import after_import
 
 __all__ = ["hidden_from_dynamo", "skip_frames", "teach_dynamo"]
 
@@ -48,44 +47,8 @@ def _register(descriptor: Any) -> None:
                        "(the C Module.__call__ could not be registered with Dynamo: %r)", exc)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then()`` once ``torch._dynamo`` has been imported, then leaves ``sys.meta_path``."""
-
-    def __init__(self, then: Any) -> None:
-        self.then = then
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch._dynamo":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        run, then = spec.loader.exec_module, self.then  # type: ignore[union-attr]
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            then()
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign,union-attr]
-        return spec
-
-
-_waiting: list[Any] = []  # run once Dynamo is imported
-
-
 def _after_dynamo(then: Any) -> None:
-    if "torch._dynamo" in sys.modules:
-        then()
-        return
-    _waiting.append(then)
-    if not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(_run_waiting))
-
-
-def _run_waiting() -> None:
-    while _waiting:
-        _waiting.pop(0)()
+    after_import("torch._dynamo", then)
 
 
 def _compile_torch_call(original: Any) -> None:

@@ -94,7 +94,8 @@ def test_eager_model_yields_its_trace_graph_and_later_steps_run_bare(tmp_path):
         loss.backward()
         opt.step()
         assert _get_current_dispatch_mode() is None
-    assert not any(adapter.installed.values()), adapter.installed
+    # only step detection (graphs name their step) and the compile log (nothing while nothing compiles) stay
+    assert [k for k, on in adapter.installed.items() if on] == ["steps", "compiles"], adapter.installed
     (name,) = [f for f in os.listdir(tmp_path) if f.endswith(".ir")]
     assert name.endswith("_trace_Net_step1.ir")
     ir = read_ir(str(tmp_path / name))
@@ -112,7 +113,7 @@ def test_eager_model_yields_its_trace_graph_and_later_steps_run_bare(tmp_path):
 
 def test_graph_mode_arms_no_trace(tmp_path):
     obs.set_context(mode=obs.GRAPH_MODE, save_graphs=1, save_graphs_path=str(tmp_path))
-    assert not adapter.installed["modules"] and not adapter.installed["steps"]
+    assert not adapter.installed["modules"]
 
 
 # -- obs.dump_graph ---------------------------------------------------------------------------------
@@ -218,7 +219,8 @@ def test_a_loop_without_optimizer_step_is_traced_for_one_forward_and_backward(tm
         with torch.no_grad():
             for p in net.parameters():
                 p.add_(p.grad, alpha=-0.1)
-    assert not any(adapter.installed.values()), adapter.installed
+    # only step detection (graphs name their step) and the compile log (nothing while nothing compiles) stay
+    assert [k for k, on in adapter.installed.items() if on] == ["steps", "compiles"], adapter.installed
     (name,) = [f for f in os.listdir(tmp_path) if f.endswith(".ir")]
     ops = [n.op for n in read_ir(str(tmp_path / name)).main.nodes]
     assert ops.count("aten.addmm") == 2 and ops.count("aten.add_.Tensor") == 4  # one forward, backward, update

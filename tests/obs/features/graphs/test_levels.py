@@ -182,9 +182,12 @@ def test_inductor_forward_and_backward_graphs(tmp_path):
         "model(torch.randn(3, 4)).sum().backward()\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    index = json.loads((tmp_path / "g" / "index.json").read_text())["graphs"]
+    everything = json.loads((tmp_path / "g" / "index.json").read_text())["graphs"]
+    index = [e for e in everything if "ir" in e["files"]]
     assert [e["stage"] for e in index] == ["dynamo_capture", "aot_forward", "aot_backward"]
     assert [e["graph"] for e in index] == ["Linear_0", "Linear_0_forward", "Linear_0_backward"]
+    # and the graphs Inductor lowered, forward and backward, from PyTorch's structured trace
+    assert [e["stage"] for e in everything if "code" in e["files"]] == ["inductor_post_grad"] * 2
     forward = read_ir(str(tmp_path / "g" / index[1]["files"]["ir"]))
     assert {p.name for p in forward.main.params} >= {"weight", "bias"}
 

@@ -1,0 +1,133 @@
+"""Graphs of every compile in the process, with its graph breaks and recompiles, from COMPILE_RECORD events.
+
+torch.compile (any backend), torch.export, HF Trainer's ``torch_compile=True`` and obs.compile all report
+through PyTorch's structured trace (:mod:`obs.runtime.torch._compile_log`).  ``save_graphs`` chooses what
+is written, as for obs.compile:
+
+====== =====================================================================================
+level  graphs written (``{NNNN}_{stage}_{function}_{compile}.py``: PyTorch's code of each graph)
+====== =====================================================================================
+1      ``dynamo_capture``: the graph Dynamo captured
+2      + ``aot_forward``, ``aot_backward``, ``aot_inference`` (after AOT autograd) and
+       ``inductor_post_grad`` (the graph Inductor lowers)
+3      + ``aot_joint`` and ``inductor_code`` (the code Inductor generated)
+====== =====================================================================================
+
+At every level ``index.json`` lists each compile (``compiles``: the function, its source line, the
+graph's op count, why it failed), each graph break (``breaks``: the reason and the user's line) and
+each recompile (``recompiles``: the guards that failed).  obs.compile's own graphs are written as
+``.ir`` (richer: shapes, scopes, parameters), so its Dynamo and AOT graphs are not written twice.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from obs._core.internal import report_internal_error
+from obs.features.graphs.folder import GraphFiles
+from obs.features.graphs.ir_text import user_frame
+
+__all__ = ["STAGES", "CompileRecords"]
+
+#: COMPILE_RECORD kind -> (stage, lowest save_graphs level that writes it)
+STAGES = {
+    "dynamo_output_graph": ("dynamo_capture", 1),
+    "aot_forward_graph": ("aot_forward", 2),
+    "aot_backward_graph": ("aot_backward", 2),
+    "aot_inference_graph": ("aot_inference", 2),
+    "inductor_post_grad_graph": ("inductor_post_grad", 2),
+    "aot_joint_graph": ("aot_joint", 3),
+    "inductor_output_code": ("inductor_code", 3),
+}
+_OBS_COMPILE_WRITES = {"dynamo_capture", "aot_forward", "aot_backward", "aot_inference", "aot_joint"}
+_BREAK_AT = re.compile(r"Graph break in user code at (?P<source>\S+:\d+)")
+_KEPT_REASON = 2000
+
+
+def break_of(text: str) -> dict[str, str]:
+    """``{"source", "reason", "explanation"}`` of a graph break's text (PyTorch's ``dynamo_graph_break_reason``)."""
+    m = _BREAK_AT.search(text)
+    lines = [line.strip() for line in text.split("User code traceback:", 1)[0].splitlines()]
+    reason = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Graph Break Reason:")), "")
+    explanation = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Explanation:")), "")
+    return {"source": m.group("source") if m else "", "reason": reason[:_KEPT_REASON],
+            "explanation": explanation[:_KEPT_REASON]}
+
+
+class CompileRecords:
+    """Writes what each COMPILE_RECORD asks for into the folder ``files()`` returns, at the level ``level()``
+    says; ``own(compile_id)`` tells obs.compile's compiles apart."""
+
+    def __init__(self, files: Callable[[], GraphFiles], level: Callable[[], int], own: Callable[[str], bool],
+                 step: Callable[[], int]) -> None:
+        self._files, self._level, self._own, self._step = files, level, own, step
+        self._lock = threading.Lock()
+        self._starts: dict[str, dict[str, Any]] = {}  # compile id -> the compiled function and its caller
+        self._functions: dict[str, str] = {}  # frame id -> its function (a recompile is reported before its start)
+        self._pending: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}  # graphs of compiles not yet ended
+
+    def on_record(self, compile_id: str, kind: str, meta: dict[str, Any], payload: str) -> None:
+        try:
+            self._record(compile_id, kind, meta, payload)
+        except OSError as exc:
+            report_internal_error(f"save_graphs: writing compile {compile_id}'s {kind}", exc)
+
+    def _record(self, compile_id: str, kind: str, meta: dict[str, Any], payload: str) -> None:
+        if kind == "dynamo_start":
+            stack = [f for f in meta.get("stack", ()) if isinstance(f, dict)]
+            frames = [f"{f.get('filename')}:{f.get('line')}" for f in stack]
+            function = str(stack[-1].get("name", "")) if stack else ""
+            with self._lock:
+                self._starts[compile_id] = {"function": function, "called_from": user_frame(frames[:-1]) or ""}
+                self._pending[compile_id] = []
+                self._functions[compile_id.split("/")[0]] = function
+            return
+        level = self._level()
+        if level <= 0:
+            return
+        start = self._starts.get(compile_id, {})
+        where = {"compile": compile_id, "step": self._step()}
+        if kind in STAGES:
+            lowest = STAGES[kind][1]
+            if level < lowest or not payload or compile_id == "-/-":  # no Dynamo compile: export's own passes
+                return
+            with self._lock:
+                pending = self._pending.get(compile_id)
+                if pending is not None:  # obs.compile's backend is only known to be this compile's at its end
+                    pending.append((kind, payload, where))
+                    return
+            self._write(compile_id, kind, payload, where)
+        elif kind == "graph_break":
+            self._files().note("breaks", {**where, "function": start.get("function", ""), **break_of(payload)})
+        elif kind == "recompile":
+            self._files().note("recompiles", {**where, "function": self._functions.get(compile_id.split("/")[0], ""),
+                                              "reasons": [str(r) for r in meta.get("reasons", ())]})
+        elif kind == "compilation_metrics":
+            with self._lock:
+                pending = self._pending.pop(compile_id, [])
+            for args in pending:
+                self._write(compile_id, *args)
+            self._files().note("compiles", {
+                **where, "function": str(meta.get("co_name") or start.get("function", "")),
+                "source": f"{meta.get('co_filename')}:{meta.get('co_firstlineno')}" if meta.get("co_filename") else "",
+                "called_from": start.get("called_from", ""), "graph_ops": meta.get("graph_op_count"),
+                "failed": meta.get("fail_reason") or None, "recompile_reason": meta.get("recompile_reason") or None})
+
+
+    def _write(self, compile_id: str, kind: str, payload: str, where: dict[str, Any]) -> None:
+        stage = STAGES[kind][0]
+        if stage in _OBS_COMPILE_WRITES and self._own(compile_id):
+            return
+        function = self._starts.get(compile_id, {}).get("function") or "graph"
+        self._files().write_code(graph=function, stage=stage, name=f"{function}_{compile_id.replace('/', '-')}",
+                                 text=payload, meta={**where, "source": self._starts.get(compile_id, {}).get(
+                                     "called_from", ""), "nodes": None if kind == "inductor_output_code"
+                                     else _node_count(payload)})
+
+
+def _node_count(code: str) -> int:
+    """Nodes of an FX graph's code: its assignments (``name: "f32[2, 4]" = torch.ops...``)."""
+    return sum(1 for line in code.splitlines() if " = torch.ops." in line or " = torch." in line)

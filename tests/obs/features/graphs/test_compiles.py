@@ -1,0 +1,137 @@
+"""save_graphs on every compile in the process: plain torch.compile, torch.export; graph breaks and recompiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import obs
+from obs._core.events import Event
+from obs.cli import main
+from obs.features.graphs.compiles import break_of
+from obs.features.graphs.summary import list_graphs
+from obs.runtime.torch._adapter import adapter
+
+
+class Breaks(torch.nn.Module):
+    """One graph break (a print), and a recompile when the batch size changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.a(x))
+        print("between graphs")  # the graph break
+        return self.b(x)
+
+
+BREAK_LINE = Breaks.forward.__code__.co_firstlineno + 2
+
+
+def train(batches=(2, 2, 3)) -> None:
+    torch._dynamo.reset()
+    model = Breaks()
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for n in batches:
+        compiled(torch.randn(n, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def index(folder) -> dict:
+    return json.loads((folder / "index.json").read_text())
+
+
+@pytest.mark.parametrize("level, stages", [
+    (1, ["dynamo_capture"]),
+    (2, ["dynamo_capture", "aot_forward", "aot_backward"]),
+    (3, ["dynamo_capture", "aot_joint", "aot_forward", "aot_backward"]),
+])
+def test_a_plain_torch_compile_writes_its_graphs_at_each_level(level, stages, tmp_path, capsys):
+    obs.set_context(save_graphs=level, save_graphs_path=str(tmp_path))
+    train()
+    graphs = [g for g in index(tmp_path)["graphs"] if "code" in g["files"]]
+    # forward up to the break (frame 0), the rest of forward after it (frame 1); both again for batch 3
+    assert [g["compile"] for g in graphs] == [c for c in ("0/0", "1/0", "0/1", "1/1") for _ in stages]
+    assert [g["stage"] for g in graphs] == stages * 4
+    assert {g["graph"] for g in graphs} == {"forward", f"torch_dynamo_resume_in_forward_at_{BREAK_LINE}"}
+    first = (tmp_path / graphs[0]["files"]["code"]).read_text()
+    assert "torch.nn.functional.linear" in first or "torch._C._nn.linear" in first  # PyTorch's code of the graph
+    assert [g["step"] for g in graphs] == [1] * (2 * len(stages)) + [3] * (2 * len(stages))
+
+
+def test_graph_breaks_and_recompiles_name_the_users_line_and_the_guard(tmp_path, capsys):
+    obs.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
+    train()
+    data = index(tmp_path)
+    brk, again = data["breaks"]  # the recompiled forward breaks at the same line
+    assert brk["compile"] == "0/0" and brk["function"] == "forward" and again["compile"] == "0/1"
+    assert brk["source"] == f"{__file__}:{BREAK_LINE}"
+    assert "print" in brk["explanation"]
+    recompile, resumed = data["recompiles"]
+    assert recompile["compile"] == "0/1" and recompile["function"] == "forward"
+    assert "size mismatch" in recompile["reasons"][0]
+    assert resumed["compile"] == "1/1" and resumed["function"].startswith("torch_dynamo_resume_in_forward")
+    compiles = data["compiles"]
+    assert [c["compile"] for c in compiles] == ["0/0", "1/0", "0/1", "1/1"]
+    assert compiles[0]["source"] == f"{__file__}:{Breaks.forward.__code__.co_firstlineno}"
+    assert compiles[0]["called_from"].startswith(f"{__file__}:")  # the training loop's line, not torch's
+
+    listing = list_graphs(str(tmp_path))
+    assert listing.breaks[0]["source"] == brk["source"] and listing.recompiles[0]["compile"] == "0/1"
+    capsys.readouterr()
+    assert main(["graph", "ls", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "2 graph break(s)" in shown and "2 recompile(s)" in shown and "size mismatch" in shown
+
+
+def test_level_0_listens_to_no_compile(tmp_path):
+    obs.set_context(save_graphs=0)
+    assert not adapter.installed["compiles"]
+    obs.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
+    assert adapter.installed["compiles"]
+    obs.set_context(save_graphs=0)
+    assert not adapter.installed["compiles"]
+
+
+def test_graph_dumps_add_nothing_after_compilation(tmp_path, capsys):
+    obs.set_context(save_graphs=3, save_graphs_path=str(tmp_path))
+    records: list[str] = []
+    with obs.subscribe(Event.COMPILE_RECORD, lambda cid, kind, meta, payload: records.append(kind)):
+        train(batches=(2,))
+        compiled_at = len(records)
+        written = len(list(tmp_path.iterdir()))
+        train_more = torch.compile(Breaks(), backend="aot_eager")
+        del train_more
+        assert compiled_at > 0
+    # the same compiled model run again: no record, no file
+    torch._dynamo.reset()
+    model = Breaks()
+    compiled = torch.compile(model, backend="aot_eager")
+    compiled(torch.randn(2, 4)).sum().backward()
+    with obs.subscribe(Event.COMPILE_RECORD, lambda cid, kind, meta, payload: records.append(kind)):
+        before, files = len(records), len(list(tmp_path.iterdir()))
+        for _ in range(3):
+            compiled(torch.randn(2, 4)).sum().backward()
+        assert len(records) == before and len(list(tmp_path.iterdir())) == files
+    assert written > 0
+
+
+def test_torch_export_writes_the_exported_program(tmp_path, recwarn):
+    obs.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
+    torch.export.export(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (torch.randn(2, 4),))
+    (graph,) = index(tmp_path)["graphs"]
+    assert graph["stage"] == "export" and graph["files"]["ir"].endswith("_export_program.ir")
+
+
+def test_break_text_is_read_into_source_reason_and_explanation():
+    text = ("Graph break in user code at /src/model.py:42\nGraph Break Reason: Unsupported call\n"
+            "  Explanation: Dynamo does not know how to trace x\n\nUser code traceback:\n  File \"/src/model.py\"")
+    assert break_of(text) == {"source": "/src/model.py:42", "reason": "Unsupported call",
+                              "explanation": "Dynamo does not know how to trace x"}
+    assert break_of("something else") == {"source": "", "reason": "", "explanation": ""}
