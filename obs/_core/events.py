@@ -61,6 +61,12 @@ class Event(enum.Enum):
                                "inductor_post_grad_graph, inductor_output_code, graph_break, recompile or "
                                "compilation_metrics; `compile_id` is PyTorch's `frame/compile` id (`0/1`); `meta` a "
                                "dict; `payload` the graph's code or the reason's text ('' when none).")
+    GRAPH_STATS = EventSpec("graph_stats", ("spec", "rows"), "An Inductor-compiled graph ran and computed the "
+                            "statistics of its tensors (obs.runtime.torch._graph_taps): `rows[i]` holds max, min, "
+                            "sum (finite elements), L2 norm, NaN, +Inf, -Inf and zero counts of the tensor "
+                            "`spec['rows'][i]` describes (node, op, module stack, dtype, shape); `spec['backward']` "
+                            "says whether the graph is a backward graph.  Also when such a graph starts, with "
+                            "`rows` None.")
     GRAPH_IR = EventSpec("graph_ir", ("name", "stage", "text"), "A graph in MindSpore's `.ir` text (obs.graphs): "
                          "every graph obs.compile publishes, the eager trace graph and obs.dump_graph's; `stage` "
                          "says which (dynamo_capture, aot_forward, aot_backward, trace, export, ...).")

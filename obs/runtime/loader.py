@@ -16,7 +16,7 @@ __all__ = ["TORCH_EVENTS", "install"]
 
 TORCH_EVENTS = frozenset({Event.STEP_BEGIN, Event.STEP_END, Event.MODULE_ENTER, Event.MODULE_EXIT, Event.OP,
                           Event.MEMORY, Event.COLLECTIVE, Event.PHASE,
-                          Event.OP_OUTPUT, Event.COMPILE_RECORD})
+                          Event.OP_OUTPUT, Event.COMPILE_RECORD, Event.GRAPH_STATS})
 
 
 def _load_adapter() -> None:

@@ -19,10 +19,16 @@ import numpy as np
 from obs._core import safe_files
 from obs._core.errors import UnsafePathError
 
-__all__ = ["escape_name", "inside", "npy_bytes", "npy_header"]
+__all__ = ["escape_name", "inside", "npy_bytes", "npy_header", "op_type"]
 
 _MINDSPORE = r"A-Za-z0-9_+=()\-"  # no comma: names are columns of statistic.csv
 _NAME_MAX = 160  # bytes kept of one name; the rest of a dump file name (type, slots, stamp) fits in 255
+
+
+def op_type(name: str) -> str:
+    """``addmm.default`` → ``Addmm``; ``native_batch_norm_backward.default`` → ``NativeBatchNormBackward``."""
+    base = name.split(".", 1)[0]
+    return "".join(part[:1].upper() + part[1:] for part in base.split("_") if part) or "Op"
 
 
 def escape_name(name: str, *, limit: int = _NAME_MAX) -> str:

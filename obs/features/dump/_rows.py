@@ -83,6 +83,7 @@ class StatisticRows:
         self._contiguous = compile_contiguous(tuple(categories))  # the C pass on what _by_memory already read
         self._whole = [c in _WHOLE for c in categories]
         self._rows: list[tuple[Op, str, int, list[Any]]] = []  # the C++ recorder's slow rows are here too: kept
+        self._computed: list[tuple[Op, str, int, list[Any]]] = []  # rows of compiled graphs (add_computed)
         self._seen: dict[int, tuple[Any, int, list[Any] | None]] = {}
         self._memory: dict[tuple[Any, ...], tuple[Any, list[Any]]] = {}
         self._dtypes: dict[torch.dtype, tuple[int, str, bool]] = {}  # itemsize, name, floating: for the C formatter
@@ -95,9 +96,17 @@ class StatisticRows:
             self.native.add_values if self.native is not None else self._add_values
 
     def __len__(self) -> int:
-        return len(self._rows) if self.native is None else self.native.size
+        return (len(self._rows) if self.native is None else self.native.size) + len(self._computed)
+
+    def add_computed(self, op: Op, io: str, slot: int, values: list[Any], dtype: torch.dtype,
+                     shape: tuple[int, ...]) -> None:
+        """A row whose statistics were computed elsewhere (by a compiled graph); written after the others."""
+        if dtype not in self._dtypes:
+            self._dtype_info(dtype)
+        self._computed.append((op, io, slot, [values, dtype, shape, None]))
 
     def clear(self) -> None:
+        self._computed.clear()
         self._rows.clear()
         self._seen.clear()
         self._memory.clear()
@@ -170,19 +179,24 @@ class StatisticRows:
         return record
 
     def text(self) -> str:
-        """statistic.csv: the header, then one line per row, in the order they were added."""
+        """statistic.csv: the header, then one line per row, in the order they were added (compiled graphs'
+        rows after the others)."""
         if self.native is not None:
-            return self.native.text(self.header, self._whole, self._dtypes)
-        native = stats.native
-        if native is not None:
-            return native.format_rows(self._rows, self.header, self._whole, self._dtypes)
-        return self.python_text()
+            text = self.native.text(self.header, self._whole, self._dtypes)
+        elif stats.native is not None:
+            text = stats.native.format_rows(self._rows, self.header, self._whole, self._dtypes)
+        else:
+            return self.python_text()
+        return text + self._lines(self._computed) if self._computed else text
 
     def python_text(self) -> str:
         """:meth:`text` without the C extension (the reference the C formatter is tested against)."""
-        lines = [self.header, "\n"]
+        return self.header + "\n" + self._lines(self._rows) + self._lines(self._computed)
+
+    def _lines(self, rows: list[tuple[Op, str, int, list[Any]]]) -> str:
+        lines = []
         last_op, prefix = None, ""
-        for op, io, slot, record in self._rows:
+        for op, io, slot, record in rows:
             if op is not last_op:  # an op's rows follow one another
                 last_op, prefix = op, f"{op[0]},{op[1]},0,0,{op[2]},"
             tail = record[3]

@@ -7,7 +7,8 @@
     {path}/rank_{r}/{net_name}/0/{iteration}/statistic.csv
     {path}/rank_{r}/execution_order/ms_execution_order_graph_0.csv, ms_global_execution_order_graph_0.csv
 
-Ops come from the op dispatch mode (OP_OUTPUT).  An op's full name is MindSpore-style: the module
+Ops come from the op dispatch mode (OP_OUTPUT); the tensors of Inductor-compiled graphs from the graphs
+themselves (GRAPH_STATS: statistics only, one output row per node, after the step's other rows).  An op's full name is MindSpore-style: the module
 scope, the op type in CamelCase and its index in the step (``Default/net-Net/fc1-Linear/Addmm-op3``);
 ops run by autograd in backward are under ``Gradients/``.  Eager PyTorch has one graph: id 0.
 Iteration N is the N-th step (from ``initial_iteration``).  Statistics are computed when the op
@@ -41,10 +42,12 @@ import torch
 from obs._core import outputs, safe_files
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.features.compiled_notice import CompiledNotice
 from obs.features.dump._autograd_scopes import ModuleSpans
-from obs.features.dump._layout import escape_name, inside, npy_bytes
+from obs.features.dump._layout import escape_name, inside, npy_bytes, op_type
 from obs.features.dump._rows import Op, StatisticRows, each_tensor
 from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
+from obs.features.dump.graph_rows import graph_rows
 from obs.runtime.steps import tracker
 from obs.settings.dump_config import DumpConfig
 from obs.settings.parallel import rank
@@ -55,15 +58,9 @@ logger = logging.getLogger("obs")
 
 GRAPH_ID = 0
 ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"
-_NOT_OPS = ("_record_function",)  # the optimizer's profiler annotations, not computations
+_NOT_OPS = ("_record_function", "graph_stats", "graph_begins", "print_values")  # profiler notes, obs's own ops
 current_node = torch._C._current_autograd_node
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def op_type(name: str) -> str:
-    """``addmm.default`` → ``Addmm``; ``native_batch_norm_backward.default`` → ``NativeBatchNormBackward``."""
-    base = name.split(".", 1)[0]
-    return "".join(part[:1].upper() + part[1:] for part in base.split("_") if part) or "Op"
 
 
 def _write_fresh(path: str, text: str) -> None:
@@ -120,6 +117,12 @@ class DataDump:
         self._parameters_done = False
         self._parameter_names: dict[str, str] = {}  # parameter name → its escaped file name
         self._written_order: list[str] | None = []  # None: write the execution order again
+        self._in_graph = False  # a compiled graph that computes its own statistics is running
+        self._notice: CompiledNotice | None = None
+        self._graph_root = "Default"  # the scope of the compiled module whose forward ran last
+        from obs.settings._context import get_context
+
+        self._keep_class = bool(get_context("reserve_class_name_in_scope"))
         self._ended = 0  # steps that ended while installed
         self._recorded = 0  # ops of selected steps before the current one
 
@@ -137,6 +140,15 @@ class DataDump:
             self._subs.append(bus.subscribe(Event.OP_OUTPUT, self._on_op))
             if self._wants_parameters:
                 self._subs.append(bus.subscribe(Event.MODULE_ENTER, self._on_module))
+        if self._statistics:  # Inductor-compiled graphs compute their own tensors' statistics
+            self._subs.append(bus.subscribe(Event.GRAPH_STATS, self._on_graph))
+        if self._tensors:
+            self._notice = CompiledNotice("the data dump", (
+                "tensors inside Inductor-compiled graphs are not saved (they live inside fused kernels)"
+                + ("; their statistics are in statistic.csv, one output row per node" if self._statistics else
+                   "; saved_data 'full' also gives their statistics")
+                + ". To save them, dump steps run without torch.compile, or compile with backend='aot_eager' "
+                "(its ops run one by one)"))
         if tracker.in_step:  # turned on in the middle of a step: start with the next one
             self.active = False
         atexit.register(self._at_exit)
@@ -168,6 +180,8 @@ class DataDump:
         for sub in self._subs:
             sub.remove()
         self._subs = []
+        if self._notice is not None:
+            self._notice.remove()
         self.spans.remove()
         if self._demand is not None:
             self._demand.remove()
@@ -257,6 +271,8 @@ class DataDump:
 
     def _on_step_end(self, step: int, duration_ns: int) -> None:
         self._ended += 1
+        if self._in_graph:  # a compiled graph raised before its end
+            self._in_graph, self.active = False, True
         if self.active:
             self._finish()
 
@@ -333,6 +349,35 @@ class DataDump:
                     self._add(op, "output", (output if isinstance(output, (list, tuple)) else (output,),))
         except Exception as exc:  # noqa: BLE001 - reported; a dump bug must not break the training loop
             report_internal_error("data dump op", exc)
+
+    def _on_graph(self, spec: dict[str, Any], rows: list[list[float]] | None) -> None:
+        """A compiled graph with statistics starts (``rows`` None: the ops it still dispatches one by one are
+        left to its rows) or ends, with one row per tensor (obs.runtime.torch._graph_taps)."""
+        if rows is None:
+            if self._active:
+                self._in_graph, self.active = True, False
+            if not spec.get("backward") and SUPPRESSION.stack:
+                self._graph_root = SUPPRESSION.stack[-1]
+            return
+        if not self._in_graph:
+            return
+        self._in_graph, self.active = False, True
+        try:
+            for row in graph_rows(spec, rows, self._graph_root, self._keep_class):
+                name = row.op.removeprefix("aten.")
+                kind = self._types.get(name)
+                if kind is None:
+                    kind = self._new_kind(name)
+                n = self._count
+                self._count = n + 1
+                full = f"{row.scope}/{kind}-op{n}"
+                entry = self._names.get(full) or self._name_entry(full)
+                self._order.append(entry[0])
+                if entry[2] and self._outputs:
+                    self.rows.add_computed(self._op(kind, entry[1]), "output", 0,
+                                           row.statistics(self.config.statistic_category), row.dtype, row.shape)
+        except Exception as exc:  # noqa: BLE001 - reported; a dump bug must not break the training loop
+            report_internal_error("data dump of a compiled graph", exc)
 
     def _new_kind(self, name: str) -> str:
         """The op type of an aten op's name as file names write it, cached; "" for what is not a computation."""

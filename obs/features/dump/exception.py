@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.features.compiled_notice import CompiledNotice
 from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._tensors import tensors_in
 from obs.features.dump.capture import outputs_in, python_stack, write_capture
@@ -68,6 +69,7 @@ class ExceptionDump:
         self._backward: Any = None
         self._grad: Any = None
         self._demand: Any = None
+        self._notice: Any = None
         self._lock = threading.Lock()
 
     # -- install / remove ---------------------------------------------------------------------
@@ -79,6 +81,9 @@ class ExceptionDump:
         self._demand = tracker.require("exception_dump")  # a dump names its training step
         _modules.failure_hooks = _modules.failure_hooks + (self.on_failure,)
         _ops.failure_hooks = _ops.failure_hooks + (self.on_failure,)
+        self._notice = CompiledNotice("exception_dump", (
+            "an error inside a compiled module is dumped at that module, with the inputs it was called with; "
+            "PyTorch's error names the failing op (TORCHDYNAMO_VERBOSE=1 shows its graph)"))
         self._backward = AutogradCall(torch.autograd, "backward", on_error=self._on_backward_error)
         self._grad = AutogradCall(torch.autograd, "grad", on_error=self._on_backward_error)
         return self
@@ -90,6 +95,9 @@ class ExceptionDump:
         if self._demand is not None:
             self._demand.remove()
             self._demand = None
+        if self._notice is not None:
+            self._notice.remove()
+            self._notice = None
         _modules.failure_hooks = tuple(h for h in _modules.failure_hooks if h != self.on_failure)
         _ops.failure_hooks = tuple(h for h in _ops.failure_hooks if h != self.on_failure)
         for wrapper in (self._backward, self._grad):

@@ -29,10 +29,13 @@ import torch
 
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.features.compiled_notice import CompiledNotice
 from obs.features.dump import native_nan
 from obs.features.dump._grad_links import ELEMENTWISE_BACKWARD, MAX_POOLS, GradLinks, preserves_in_backward
+from obs.features.dump._layout import op_type
 from obs.features.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
 from obs.features.dump.capture import outputs_in, python_stack, write_capture
+from obs.features.dump.graph_rows import graph_rows
 from obs.features.dump.stats import nonfinite_counts
 from obs.runtime.steps import tracker
 from obs.runtime.torch._autograd_calls import AutogradCall
@@ -103,11 +106,19 @@ class NanCheck:
         self._subs: list[Subscription] = []
         self._demand: Any = None
         self._lock = threading.Lock()
+        self._graph_root = "Default"  # the scope of the compiled module whose forward graph ran last
 
     def install(self) -> NanCheck:
         self._demand = tracker.require("NaN/Inf check")  # findings name their step; one report per step
         # The module wrapper (installed for this subscriber) gives the scope names findings report.
         self._subs.append(bus.subscribe(Event.MODULE_ENTER, keep_scopes))
+        # Inductor-compiled graphs count their own tensors' NaN/Inf: the first node that made one is named.
+        self._subs.append(bus.subscribe(Event.GRAPH_STATS, self._on_graph))
+        if self.granularity == "module":
+            self._handles.append(CompiledNotice("the NaN/Inf check", (
+                "the modules inside a compiled module are not checked one by one: an Inductor-compiled graph names "
+                "the first node whose output holds NaN/Inf; with other backends the compiled module's output and "
+                "gradient are checked, and granularity 'op' checks each op they run")))
         if self.granularity == "op":
             self._subs.append(bus.subscribe(Event.OP_OUTPUT, self._on_op))
         else:
@@ -240,6 +251,20 @@ class NanCheck:
                 phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
                 self._found(phase, "op", scope, name, counts, where,
                             [("inputs", list(tensors_in(args, kwargs))), ("outputs", [(where, tensor)])])
+                return
+
+    def _on_graph(self, spec: dict[str, Any], rows: list[list[float]] | None) -> None:
+        if rows is None:
+            if not spec.get("backward") and SUPPRESSION.stack:
+                self._graph_root = SUPPRESSION.stack[-1]
+            return
+        if self.done or self._step_reported == tracker.step or (spec.get("backward") and not self.backward):
+            return
+        for row in graph_rows(spec, rows, self._graph_root, True):
+            counts = row.nonfinite
+            if any(counts):
+                phase = "backward" if spec.get("backward") else "forward"
+                self._found(phase, "op", row.scope, op_type(row.op.removeprefix("aten.")), counts, "output", [])
                 return
 
     # -- reporting ------------------------------------------------------------------------------

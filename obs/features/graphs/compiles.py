@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableSet
 from typing import Any
 
 from obs._core.internal import report_internal_error
@@ -59,9 +59,10 @@ def break_of(text: str) -> dict[str, str]:
 
 class CompileRecords:
     """Writes what each COMPILE_RECORD asks for into the folder ``files()`` returns, at the level ``level()``
-    says; ``own(compile_id)`` tells obs.compile's compiles apart."""
+    says; ``own`` holds the ids of obs.compile's compiles (its backend adds them; a new compile with a reused
+    id, after ``torch._dynamo.reset()``, is taken out)."""
 
-    def __init__(self, files: Callable[[], GraphFiles], level: Callable[[], int], own: Callable[[str], bool],
+    def __init__(self, files: Callable[[], GraphFiles], level: Callable[[], int], own: MutableSet[str],
                  step: Callable[[], int]) -> None:
         self._files, self._level, self._own, self._step = files, level, own, step
         self._lock = threading.Lock()
@@ -80,6 +81,7 @@ class CompileRecords:
             stack = [f for f in meta.get("stack", ()) if isinstance(f, dict)]
             frames = [f"{f.get('filename')}:{f.get('line')}" for f in stack]
             function = str(stack[-1].get("name", "")) if stack else ""
+            self._own.discard(compile_id)
             with self._lock:
                 self._starts[compile_id] = {"function": function, "called_from": user_frame(frames[:-1]) or ""}
                 self._pending[compile_id] = []
@@ -119,7 +121,7 @@ class CompileRecords:
 
     def _write(self, compile_id: str, kind: str, payload: str, where: dict[str, Any]) -> None:
         stage = STAGES[kind][0]
-        if stage in _OBS_COMPILE_WRITES and self._own(compile_id):
+        if stage in _OBS_COMPILE_WRITES and compile_id in self._own:
             return
         function = self._starts.get(compile_id, {}).get("function") or "graph"
         self._files().write_code(graph=function, stage=stage, name=f"{function}_{compile_id.replace('/', '-')}",

@@ -177,8 +177,9 @@ class GraphsFeature:
             if want_records and self._records is None:
                 from obs.features.graphs.compiles import CompileRecords
                 from obs.runtime.steps import tracker
+                from obs.runtime.torch._compile import OWN_COMPILES
 
-                handler = CompileRecords(self.files, level, _own_compile, _next_step)
+                handler = CompileRecords(self.files, level, OWN_COMPILES, _next_step)
                 self._records = bus.subscribe(Event.COMPILE_RECORD, handler.on_record)
                 self._steps = tracker.require("save_graphs")  # each graph names the step it was compiled in
             elif not want_records and self._records is not None:
@@ -254,12 +255,6 @@ class GraphsFeature:
             if found is None:
                 found = self._files[folder] = GraphFiles(folder)
             return found
-
-
-def _own_compile(compile_id: str) -> bool:
-    from obs.runtime.torch._compile import OWN_COMPILES
-
-    return compile_id in OWN_COMPILES
 
 
 def _next_step() -> int:

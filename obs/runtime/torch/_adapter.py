@@ -6,6 +6,7 @@
 - OP / OP_OUTPUT → a dispatch mode on the subscribing thread.
 - COLLECTIVE → wrappers of the torch.distributed collectives.
 - COMPILE_RECORD → a handler on PyTorch's structured-trace logger (every compile in the process).
+- GRAPH_STATS → a post-grad pass of Inductor that has compiled graphs compute their tensors' statistics.
 - PHASE → a wrapper of ``torch.autograd.backward``, optimizer step hooks, and the module wrapper (root calls).
 No subscriber, no hook: the bus (and the step tracker, for demands) tells the adapter whenever
 subscriptions change.
@@ -67,6 +68,7 @@ class TorchAdapter:
         self._collectives: Any = None
         self._phases: Any = None
         self._compile_log: Any = None
+        self._graph_stats: Any = None  # the pass placed in Inductor's post_grad_custom_post_pass
         tracker.memory_probe = memory_stats
         self._unwatch = bus.watch(self._on_change)
         self._unwatch_demands = tracker.watch(self.sync)
@@ -77,7 +79,7 @@ class TorchAdapter:
         """Which hook families are in place (for tests and ``obs demo``)."""
         return {"steps": bool(self._optim), "modules": self._modules is not None, "ops": self._ops is not None,
                 "collectives": self._collectives is not None, "phases": self._phases is not None,
-                "compiles": self._compile_log is not None}
+                "compiles": self._compile_log is not None, "graph_stats": self._graph_stats is not None}
 
     def _on_change(self, event: Event) -> None:
         if event is not Event.SETTINGS_CHANGED:
@@ -132,6 +134,10 @@ class TorchAdapter:
                 self._compile_log.remove()
                 self._compile_log = None
 
+            want_stats = bus.has_subscribers(Event.GRAPH_STATS)
+            if want_stats != (self._graph_stats is not None):
+                self._graph_stats = _graph_stats_pass(want_stats, self._graph_stats)
+
             want_collectives = bus.has_subscribers(Event.COLLECTIVE) and torch.distributed.is_available()
             if want_collectives and self._collectives is None:
                 from obs.runtime.torch._collectives import CollectiveHooks
@@ -165,6 +171,27 @@ class TorchAdapter:
             if self._compile_log is not None:
                 self._compile_log.remove()
                 self._compile_log = None
+            if self._graph_stats is not None:
+                self._graph_stats = _graph_stats_pass(False, self._graph_stats)
+
+
+def _graph_stats_pass(on: bool, installed: Any) -> Any:
+    """Put the graph statistics pass in Inductor's post-grad passes (beside any of the user's), or take it out."""
+    from torch._inductor import config
+
+    from obs.runtime.torch import _graph_taps
+
+    passes = config.post_grad_custom_post_pass
+    passes = list(passes) if isinstance(passes, (list, tuple)) else [] if passes is None else [passes]
+    if on:
+        installed = _graph_taps.GraphStatsPass()
+        passes.append(installed)
+    else:
+        passes = [p for p in passes if p is not installed]
+        installed = None
+    config.post_grad_custom_post_pass = passes[0] if len(passes) == 1 else (passes or None)
+    _graph_taps.listen(on)
+    return installed
 
 
 adapter = TorchAdapter()

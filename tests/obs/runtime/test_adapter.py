@@ -49,7 +49,7 @@ def calls_through() -> bool:
 
 def test_no_subscriber_means_no_hook():
     assert adapter.installed == {"steps": False, "modules": False, "ops": False, "collectives": False,
-                                 "phases": False, "compiles": False}
+                                 "phases": False, "compiles": False, "graph_stats": False}
     assert global_hook_counts() == (0, 0, 0, 0)
     assert calls_through()
 

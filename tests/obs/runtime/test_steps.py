@@ -73,7 +73,7 @@ def test_a_step_demand_installs_detection_and_nothing_else():
     assert optimizer_hook_count() == (0, 0) and not adapter.installed["steps"]
     with tracker.require("a feature stamping steps") as demand:
         assert adapter.installed == {"steps": True, "modules": False, "ops": False, "collectives": False,
-                                     "phases": False, "compiles": False}
+                                     "phases": False, "compiles": False, "graph_stats": False}
         assert tracker.demands == ("a feature stamping steps",) and demand.active
         model = MnistNet()
         train_epoch(model, torch.optim.SGD(model.parameters(), lr=0.01), batches(3))
@@ -210,7 +210,8 @@ def test_a_demand_loads_the_adapter_and_only_then_imports_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        "{'steps': True, 'modules': False, 'ops': False, 'collectives': False, 'phases': False, 'compiles': False} "
+        "{'steps': True, 'modules': False, 'ops': False, 'collectives': False, 'phases': False, 'compiles': False, "
+        "'graph_stats': False} "
         "1 1",
         "False 0"]
 

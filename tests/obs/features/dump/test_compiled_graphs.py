@@ -1,0 +1,119 @@
+"""The data dump and the NaN check inside Inductor-compiled graphs (the graphs compute their own statistics).
+
+Inductor keeps worker threads for the rest of a process, so each case runs in a process of its own: a
+script trains a small model compiled with Inductor, without obs and with the feature on, and prints JSON.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r'''
+import json, os, sys
+import torch, obs
+
+feature, folder, graph_break = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        if graph_break:
+            torch._dynamo.graph_break()
+        if feature == "nan":
+            h = torch.log(h - 1.0)  # NaN wherever h < 1
+        return self.fc2(h)
+
+def train(steps=2, reference=False):
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = Net()
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, relu = [], []
+    for _ in range(steps):
+        x = torch.randn(4, 8)
+        if reference:  # the relu output the compiled graph computes, computed eagerly (run without obs)
+            with torch.no_grad():
+                relu.append(torch.relu(model.fc1(x)))
+        loss = compiled(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, dict(counters["frames"]), relu
+
+plain, plain_frames, relu = train(reference=True)
+env = {"dump": {"common_dump_settings": {"dump_mode": 0, "path": folder, "net_name": "Net", "iteration": "all",
+                "saved_data": "statistic", "input_output": 2, "kernels": [], "support_device": [0],
+                "statistic_category": ["max", "min", "avg", "l2norm", "nan count"]}}} if feature == "dump" else \
+      {"nan_check": {"enable": True, "path": folder}}
+path = os.path.join(folder, "env.json")
+with open(path, "w") as f:
+    json.dump(env, f)
+obs.set_context(env_config_path=path)
+with_obs, frames, _ = train()
+obs.reset_context()
+stats = [[float(r.max()), float(r.min()), float(r.mean()), float(r.norm())] for r in relu]
+print(json.dumps({"plain": plain, "with_obs": with_obs, "plain_frames": plain_frames, "frames": frames,
+                  "relu": stats}))
+'''
+
+
+def run(tmp_path, feature: str, graph_break: bool = False) -> dict:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, str(script), feature, str(tmp_path), "1" if graph_break else "0"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def rows(tmp_path, iteration: int) -> list[dict[str, str]]:
+    with open(tmp_path / "rank_0" / "Net" / "0" / str(iteration) / "statistic.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("graph_break", [False, True], ids=["one graph", "graph break"])
+def test_the_dump_has_a_row_per_node_of_the_compiled_graphs_and_the_numbers_stay(tmp_path, graph_break):
+    out = run(tmp_path, "dump", graph_break)
+    assert out["with_obs"] == out["plain"]  # bit for bit: the reductions added change no kernel's result
+    assert out["frames"] == out["plain_frames"]
+    for iteration in (0, 1):
+        found = rows(tmp_path, iteration)
+        names = [r["Op Name"] for r in found]
+        assert "Default_net-Net_fc1-Linear_Addmm-op0" in names, names
+        relu = next(r for r in found if r["Op Type"] == "Relu")
+        assert relu["Op Name"].startswith("Default_net-Net_Relu-op") and relu["IO"] == "output"
+        expected = out["relu"][iteration]
+        assert float(relu["Max Value"]) == pytest.approx(expected[0], rel=1e-5)
+        assert float(relu["Min Value"]) == pytest.approx(expected[1], abs=1e-6)
+        assert float(relu["Avg Value"]) == pytest.approx(expected[2], rel=1e-5)
+        assert float(relu["L2Norm Value"]) == pytest.approx(expected[3], rel=1e-5)
+        assert relu["NaN Count"] == "0" and relu["Shape"] == "(4,16)" and relu["Data Type"] == "float32"
+        backward = [n for n in names if n.startswith("Gradients_Default_net-Net_fc1-Linear_Mm")]
+        assert backward, names  # the weight gradient of fc1, in the backward graph
+        assert not [n for n in names if "GraphStats" in n or "GraphBegins" in n]  # obs's own ops are no rows
+
+
+def test_the_nan_check_names_the_first_node_of_a_compiled_graph(tmp_path):
+    out = run(tmp_path, "nan")
+    assert out["with_obs"] == out["plain"] or all(v != v for v in out["plain"])  # NaN losses: both NaN
+    found = [json.loads((d / "meta.json").read_text()) for d in (tmp_path / "rank_0" / "nan_check").iterdir()]
+    first = min(found, key=lambda m: m["step"])
+    assert first["step"] == 1 and first["phase"] == "forward"
+    assert first["scope"] == "Default/net-Net" and first["op"] in ("Log", "Sub")  # log(h - 1): its first NaN
+    assert first["nan"] > 0
