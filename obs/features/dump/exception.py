@@ -122,8 +122,12 @@ class ExceptionDump:
                 scope = stack[-1] if stack else ""
             op, folder = name, f"{scope}/{name}"
         else:
+            module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the module it compiles
             scope, op, folder = name, type(module).__name__, name
         meta = self._meta(error, kind, op, scope)
+        compiled = compiled_error(str(error))
+        if compiled:
+            meta["compiled"] = compiled
         if kind == "module":
             args, kwargs, inputs_are = _forward_args(error, module, args, kwargs)
             meta.update(inputs_are=inputs_are, inputs_are_meaning=INPUTS_ARE[inputs_are])
@@ -167,6 +171,29 @@ class ExceptionDump:
             error._obs_exception_dump = path  # type: ignore[attr-defined]
         except AttributeError:
             pass
+
+
+_FX_NODE = re.compile(r"FX node with fake tensors: (call_\w+ (?:<[^>]*>|\S+))")
+_USER_FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+)')
+
+
+def compiled_error(message: str) -> dict[str, str]:
+    """What PyTorch says of an error raised while compiling or running compiled code: the FX ``node`` it
+    names and the user's ``source`` line (the first frame of "from user code" outside installed packages)."""
+    out = {}
+    m = _FX_NODE.search(message)
+    if m:
+        out["node"] = m.group(1)
+    _, found, tail = message.partition("from user code:")
+    if found:
+        import sysconfig
+
+        library = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+        for frame in _USER_FRAME.finditer(tail):
+            if not frame.group("path").startswith(library):
+                out["source"] = f"{frame.group('path')}:{frame.group('line')}"
+                break
+    return out
 
 
 def _forward_args(error: BaseException, module: Any, args: Any, kwargs: Any) -> tuple[Any, Any, str]:

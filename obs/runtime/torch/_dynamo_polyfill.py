@@ -21,6 +21,7 @@ when Dynamo is already loaded, else right after its first import (a one-shot imp
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any
 
 from obs._core.after_import import after_import
@@ -39,9 +40,16 @@ def _register(descriptor: Any) -> None:
     try:
         from torch._dynamo.decorators import substitute_in_graph
 
-        @substitute_in_graph(descriptor, skip_signature_check=True)
-        def obs_module_call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            return _original[0](module, *args, **kwargs)
+        original = _original[0]
+        if isinstance(original, types.FunctionType):
+            # A copy of torch's own function (its code, file and line): the frame Dynamo shows in "from user
+            # code" tracebacks is torch's `_wrapped_call_impl`, as without obs, never a frame of obs's.
+            stand_in = types.FunctionType(original.__code__, original.__globals__, original.__name__,
+                                          original.__defaults__, original.__closure__)
+        else:
+            def stand_in(module: Any, *args: Any, **kwargs: Any) -> Any:
+                return _original[0](module, *args, **kwargs)
+        substitute_in_graph(descriptor, skip_signature_check=True)(stand_in)
     except Exception as exc:  # noqa: BLE001 - compiled models still run, with a graph break per module call
         logger.warning("obs: torch.compile will break its graphs at every module call while obs records modules "
                        "(the C Module.__call__ could not be registered with Dynamo: %r)", exc)

@@ -282,3 +282,19 @@ def test_mode_1_labels_an_ops_out_tensor_as_an_output(tmp_path):
     m = meta(folder)
     assert m["kind"] == "op" and [o["arg"] for o in m["outputs"]] == ["output"]
     assert [i["arg"] for i in m["inputs"]] == ["args[0]", "args[1]", "kwargs['out']"]
+
+
+def test_an_error_in_a_compiled_module_names_the_module_the_node_and_the_users_line(tmp_path):
+    arm(tmp_path)
+    torch._dynamo.reset()
+    compiled = torch.compile(Net(), backend="aot_eager")
+    error = failing(lambda: compiled(torch.randn(3, 4)))
+    [folder] = dumps(tmp_path)
+    assert dump_of(error) == str(folder)
+    m = meta(folder)
+    assert (m["kind"], m["op"], m["scope"]) == ("module", "Net", "Default/net-Net")  # not OptimizedModule
+    assert m["compiled"]["source"] == f"{__file__}:{Net.forward.__code__.co_firstlineno + 1}"
+    assert "linear" in m["compiled"]["node"]
+    assert [i["shape"] for i in m["inputs"]] == [[3, 4]]
+    # PyTorch's own "from user code" traceback shows torch's frames where obs's wrapper is, never obs's
+    assert "_dynamo_polyfill" not in str(error) and "obs_module_call" not in str(error)
