@@ -28,6 +28,9 @@ class Demands:
         self.graph_level: Callable[[], int] = _no_graphs
         #: Where a Print call that was compiled into a graph goes when the graph runs: ``(values, "file:line")``.
         self.print_sink: Callable[[tuple[Any, ...], str], Any] = _no_print_sink
+        #: What Inductor-compiled graphs compute of their own tensors, per feature that asks: the columns
+        #: (``obs.runtime.torch._graph_taps.COLUMNS`` names) and whether every node (else module outputs only).
+        self.graph_stats: dict[object, tuple[frozenset[str], bool]] = {}
 
 
 demands = Demands()

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from obs._core import outputs, safe_files
+from obs._core.demands import demands
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.features.compiled_notice import CompiledNotice
@@ -47,7 +48,7 @@ from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._layout import escape_name, inside, npy_bytes, op_type
 from obs.features.dump._rows import Op, StatisticRows, each_tensor
 from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
-from obs.features.dump.graph_rows import graph_rows
+from obs.features.dump.graph_rows import columns_for, graph_rows
 from obs.runtime.steps import tracker
 from obs.settings.dump_config import DumpConfig
 from obs.settings.parallel import rank
@@ -140,7 +141,8 @@ class DataDump:
             self._subs.append(bus.subscribe(Event.OP_OUTPUT, self._on_op))
             if self._wants_parameters:
                 self._subs.append(bus.subscribe(Event.MODULE_ENTER, self._on_module))
-        if self._statistics:  # Inductor-compiled graphs compute their own tensors' statistics
+        if self._statistics:  # Inductor-compiled graphs compute their own tensors' statistics, of every node
+            demands.graph_stats[self] = (columns_for(self.config.statistic_category), True)
             self._subs.append(bus.subscribe(Event.GRAPH_STATS, self._on_graph))
         if self._tensors:
             self._notice = CompiledNotice("the data dump", (
@@ -177,6 +179,7 @@ class DataDump:
             self._native.count = value
 
     def remove(self) -> None:
+        demands.graph_stats.pop(self, None)
         for sub in self._subs:
             sub.remove()
         self._subs = []

@@ -18,9 +18,18 @@ import torch
 
 from obs.features.graphs.describe import scope_parts
 
-__all__ = ["GraphRow", "graph_rows"]
+__all__ = ["NONFINITE", "GraphRow", "columns_for", "graph_rows"]
 
-_COUNTS = {"nan count": 4, "positive inf count": 5, "negative inf count": 6, "zero count": 7}
+#: the graph columns each statistic category needs (obs.runtime.torch._graph_taps.COLUMNS)
+CATEGORY_COLUMNS = {"max": ("max",), "min": ("min",), "avg": ("sum", "finite"), "l2norm": ("l2norm",),
+                    "nan count": ("nan",), "positive inf count": ("pos_inf",), "negative inf count": ("neg_inf",),
+                    "zero count": ("zero",), "count": ()}
+NONFINITE = ("nan", "pos_inf", "neg_inf")
+
+
+def columns_for(categories: Sequence[str]) -> frozenset[str]:
+    """The graph columns the data dump's ``categories`` need (others, hashes and signed zeros, stay empty)."""
+    return frozenset(c for category in categories for c in CATEGORY_COLUMNS.get(category, ()))
 
 
 @dataclass(frozen=True)
@@ -31,30 +40,29 @@ class GraphRow:
     op: str
     dtype: torch.dtype
     shape: tuple[int, ...]
-    values: Sequence[float]  # max, min, sum, l2norm, nan, +inf, -inf, zero (obs.runtime.torch._graph_taps.COLUMNS)
+    values: dict[str, float]  # graph column -> value
 
     @property
     def nonfinite(self) -> tuple[int, int, int]:
-        return int(self.values[4]), int(self.values[5]), int(self.values[6])
+        return tuple(int(self.values.get(c, 0)) for c in NONFINITE)  # type: ignore[return-value]
 
     def statistics(self, categories: Sequence[str]) -> list[Any]:
-        """The values of ``categories`` (None where a graph does not compute one: hashes, signed zeros)."""
-        count = math.prod(self.shape)
-        finite = count - sum(self.nonfinite)
+        """The values of ``categories`` (None where a graph does not compute one: hashes, signed zeros; and max,
+        min, avg of a tensor with no finite element)."""
+        v = self.values
         out: list[Any] = []
         for c in categories:
             if c == "max":
-                out.append(self.values[0] if finite else None)
+                out.append(v["max"] if math.isfinite(v["max"]) else None)
             elif c == "min":
-                out.append(self.values[1] if finite else None)
+                out.append(v["min"] if math.isfinite(v["min"]) else None)
             elif c == "avg":
-                out.append(self.values[2] / finite if finite else None)
-            elif c == "l2norm":
-                out.append(self.values[3])
+                out.append(v["sum"] / v["finite"] if v["finite"] else None)
             elif c == "count":
-                out.append(count)
-            elif c in _COUNTS:
-                out.append(int(self.values[_COUNTS[c]]))
+                out.append(math.prod(self.shape))
+            elif c in CATEGORY_COLUMNS and CATEGORY_COLUMNS[c][0] in v:
+                value = v[CATEGORY_COLUMNS[c][0]]
+                out.append(value if c == "l2norm" else int(value))
             else:
                 out.append(None)
         return out
@@ -69,9 +77,10 @@ def graph_rows(spec: dict[str, Any], rows: Sequence[Sequence[float]], root: str,
     """The rows of one graph run; ``root`` is the scope of the module that ran it (``Default/net-Net``)."""
     prefix = ("Gradients/" if spec.get("backward") else "") + (root or "Default")
     out = []
+    columns = spec.get("columns", ())
     for entry, values in zip(spec["rows"], rows):
         cells = scope_parts(dict(enumerate(entry["stack"])), "root", keep_class)[1:]  # the root is `root`
         scope = "/".join([prefix, *cells])
         shape = tuple(int(d) if str(d).isdigit() else 0 for d in entry["shape"])
-        out.append(GraphRow(scope, str(entry["op"]), _dtype(str(entry["dtype"])), shape, values))
+        out.append(GraphRow(scope, str(entry["op"]), _dtype(str(entry["dtype"])), shape, dict(zip(columns, values))))
     return out

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from obs._core.demands import demands
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.features.compiled_notice import CompiledNotice
@@ -35,7 +36,7 @@ from obs.features.dump._grad_links import ELEMENTWISE_BACKWARD, MAX_POOLS, GradL
 from obs.features.dump._layout import op_type
 from obs.features.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
 from obs.features.dump.capture import outputs_in, python_stack, write_capture
-from obs.features.dump.graph_rows import graph_rows
+from obs.features.dump.graph_rows import NONFINITE, graph_rows
 from obs.features.dump.stats import nonfinite_counts
 from obs.runtime.steps import tracker
 from obs.runtime.torch._autograd_calls import AutogradCall
@@ -113,6 +114,7 @@ class NanCheck:
         # The module wrapper (installed for this subscriber) gives the scope names findings report.
         self._subs.append(bus.subscribe(Event.MODULE_ENTER, keep_scopes))
         # Inductor-compiled graphs count their own tensors' NaN/Inf: the first node that made one is named.
+        demands.graph_stats[self] = (frozenset(NONFINITE), self.granularity == "op")  # module: module outputs
         self._subs.append(bus.subscribe(Event.GRAPH_STATS, self._on_graph))
         if self.granularity == "module":
             self._handles.append(CompiledNotice("the NaN/Inf check", (
@@ -140,6 +142,7 @@ class NanCheck:
         return self
 
     def remove(self) -> None:
+        demands.graph_stats.pop(self, None)
         if self._native is not None:
             self._native.disable()  # gradient hooks still to run stay inert
         if self._demand is not None:
@@ -220,11 +223,20 @@ class NanCheck:
             self._links.settle(roots)
 
     def _grad_hook(self, scope: str, op: str) -> Any:
-        return lambda grad: self._check_gradient(scope, op, grad)
+        def check(grad: Any) -> None:
+            try:
+                self._check_gradient(scope, op, grad)
+            except NonFiniteError:
+                raise  # action "raise": the user asked for it
+            except Exception as exc:  # noqa: BLE001 - reported; a bug of ours must not break the backward pass
+                report_internal_error("NaN/Inf check of a gradient", exc)
+
+        return check
 
     def _check_gradient(self, scope: str, op: str, grad: torch.Tensor) -> None:
-        """The gradient reaching ``scope``'s output (the native hooks call this when their gate fails)."""
-        if self.done or self._step_reported == tracker.step:
+        """The gradient reaching ``scope``'s output (the native hooks call this when their gate fails); None where
+        autograd hands none (an output no loss depends on, as a compiled graph's backward reports it)."""
+        if grad is None or self.done or self._step_reported == tracker.step:
             return
         self._gradients_read += 1
         counts = nonfinite_counts(grad)

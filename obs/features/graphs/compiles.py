@@ -124,7 +124,10 @@ class CompileRecords:
         if stage in _OBS_COMPILE_WRITES and compile_id in self._own:
             return
         function = self._starts.get(compile_id, {}).get("function") or "graph"
-        self._files().write_code(graph=function, stage=stage, name=f"{function}_{compile_id.replace('/', '-')}",
+        name = f"{function}_{compile_id.replace('/', '-')}"
+        if kind == "inductor_post_grad_graph":  # forward and backward share the compile id: tell them apart
+            name += "_backward" if "tangents_" in payload else "_forward"
+        self._files().write_code(graph=function, stage=stage, name=name,
                                  text=payload, meta={**where, "source": self._starts.get(compile_id, {}).get(
                                      "called_from", ""), "nodes": None if kind == "inductor_output_code"
                                      else _node_count(payload)})

@@ -168,7 +168,17 @@ class GraphsFeature:
             elif not want and self._compiled is not None:
                 self._compiled.remove()
                 self._compiled = None
-            want_records = self.level > 0 and "torch" in sys.modules  # compiles need torch: listen once it is in
+            want_trace = self.level > 0 and self.pynative and not self.traced
+            if want_trace and self._trace is None and _torch_available():
+                from obs.features.graphs.trace import Tracer
+
+                self._trace = Tracer(self._on_trace_done)
+            elif not want_trace and self._trace is not None:
+                self._trace.disarm()
+                self._trace = None
+
+            # Compiles need torch: listen once it is in (the tracer above may just have imported it).
+            want_records = self.level > 0 and "torch" in sys.modules
             if self.level > 0 and not want_records and not self._awaiting_torch and _torch_available():
                 self._awaiting_torch = True
                 after_import("torch", self.sync)
@@ -195,14 +205,6 @@ class GraphsFeature:
             elif not want_records and self._exports is not None:
                 self._exports.remove()
                 self._exports = None
-            want_trace = self.level > 0 and self.pynative and not self.traced
-            if want_trace and self._trace is None and _torch_available():
-                from obs.features.graphs.trace import Tracer
-
-                self._trace = Tracer(self._on_trace_done)
-            elif not want_trace and self._trace is not None:
-                self._trace.disarm()
-                self._trace = None
 
     def _on_trace_done(self, doc: Any) -> None:
         with self._lock:

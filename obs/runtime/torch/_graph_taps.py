@@ -2,14 +2,17 @@
 
 A post-grad graph pass (``torch._inductor.config.post_grad_custom_post_pass``, the hook Inductor offers
 for it) adds, after each node whose output is a floating tensor (views left out: they read what their
-base holds), eight reductions of that output, in ops Inductor lowers itself: its max, min and sum over
-finite elements, its L2 norm, and how many elements are NaN, +Inf, -Inf and zero.  Inductor fuses them
-into the kernels it generates, so a compiled step reads each tensor once more at most, inside its own
-loops, instead of the dump reading every tensor back.  Each graph starts with a call of
+base holds), the reductions the features ask for (``obs._core.demands.graph_stats``), in ops Inductor lowers
+itself: max, min and sum over finite elements, the count of finite elements, the L2 norm, and how many
+elements are NaN, +Inf, -Inf and zero.  Inductor fuses them into the kernels it generates, so a compiled
+step reads each tensor once more at most, inside its own loops, instead of the dump reading every tensor
+back.  Every node is tapped where a feature asks for all (the data dump, the NaN check at op granularity),
+else only the nodes whose value leaves their module (the NaN check at module granularity: a module's own
+masks, such as attention's ``-inf``, are not its output).  Each graph starts with a call of
 ``obs::graph_begins`` and ends with one of ``obs::graph_stats`` (custom ops with side effects) taking the
-reductions as one ``[8 * nodes]`` tensor; both publish GRAPH_STATS while the data dump or the NaN check
-wants it.  ``spec`` says, per row, the node's op, its module stack (as Dynamo recorded it), dtype and
-shape, and whether the graph is a backward graph.
+reductions as one tensor; both publish GRAPH_STATS while someone listens.  ``spec`` says which columns,
+and per row the node's op, its module stack (as Dynamo recorded it), dtype and shape, and whether the
+graph is a backward graph.
 
 The pass is in place only while GRAPH_STATS has subscribers; graphs compiled meanwhile keep their
 reductions (they cost a flag test per graph call while nobody listens).  Where torch.compile uses no
@@ -20,18 +23,20 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import threading
 from typing import Any
 
 import torch
 
+from obs._core.demands import demands
 from obs._core.events import Event, bus
 from obs._core.internal import report_internal_error, suppressed
 
 __all__ = ["COLUMNS", "GraphStatsPass", "specs"]
 
-#: the reductions of each tapped output, in the order of GRAPH_STATS' values
-COLUMNS = ("max", "min", "sum", "l2norm", "nan", "pos_inf", "neg_inf", "zero")
+#: the reductions a tapped output can have, in the order of GRAPH_STATS' values (``spec["columns"]`` says which)
+COLUMNS = ("max", "min", "sum", "finite", "l2norm", "nan", "pos_inf", "neg_inf", "zero")
 _VERSION = "obs-graph-stats-1"
 _lock = threading.Lock()
 _specs: list[dict[str, Any]] = []  # spec id -> what the rows of that graph's tensor are
@@ -46,13 +51,14 @@ def specs() -> list[dict[str, Any]]:
 
 @torch.library.custom_op("obs::graph_stats", mutates_args=())
 def graph_stats(values: torch.Tensor, spec: int) -> None:
-    """Publish one compiled graph's statistics (``values[8 i : 8 i + 8]`` is row ``i`` of spec ``spec``)."""
+    """Publish one compiled graph's statistics (``values[k i : k i + k]`` is row ``i`` of spec ``spec``, ``k`` the
+    number of its columns)."""
     if not _listening[0]:
         return
     try:
         with suppressed():
-            flat = values.tolist()
-            rows = [flat[i:i + len(COLUMNS)] for i in range(0, len(flat), len(COLUMNS))]
+            flat, k = values.tolist(), len(_specs[spec]["columns"])
+            rows = [flat[i:i + k] for i in range(0, len(flat), k)]
             bus.emit(Event.GRAPH_STATS, _specs[spec], rows)
     except Exception as exc:  # noqa: BLE001 - reported; the compiled step goes on
         report_internal_error("GRAPH_STATS", exc)
@@ -94,6 +100,18 @@ class _Builder:
 
     def __init__(self, graph: torch.fx.Graph, fake_mode: Any) -> None:
         self.graph, self.fake_mode = graph, fake_mode
+        self._constants: dict[tuple[Any, ...], torch.fx.Node] = {}
+
+    def constant(self, value: float, like: torch.fx.Node) -> torch.fx.Node:
+        """A 0-dim tensor of ``value`` with ``like``'s dtype and device, made once per graph (at its start)."""
+        dtype, device = like.meta["val"].dtype, like.meta["val"].device
+        key = (value, dtype, str(device))
+        if key not in self._constants:
+            first = next(n for n in self.graph.nodes if n.op != "placeholder")
+            with self.graph.inserting_before(first):
+                self._constants[key] = self(torch.ops.aten.full.default, [], value, dtype=dtype, device=device,
+                                            pin_memory=False)
+        return self._constants[key]
 
     def __call__(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
         node = self.graph.call_function(target, args, kwargs)
@@ -114,6 +132,29 @@ def _tapped(node: torch.fx.Node) -> bool:
     return not (isinstance(value.numel(), int) and value.numel() == 0)
 
 
+def _module_path(node: torch.fx.Node) -> str:
+    """The innermost module the node ran in, as Dynamo recorded its path ('' for the compiled module itself)."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    for entry in reversed(list(stack.values())):
+        try:
+            return str(entry[0])
+        except (TypeError, IndexError):
+            continue
+    return ""
+
+
+def _leaves_its_module(node: torch.fx.Node) -> bool:
+    """Whether the node's value is an output of its module: used outside it, or by the graph's output."""
+    path = _module_path(node)
+    for user in node.users:
+        if user.op == "output":
+            return True
+        inside = _module_path(user)
+        if not (inside == path or (path and inside.startswith(path + "."))):
+            return True
+    return False
+
+
 def _stack(node: torch.fx.Node) -> list[tuple[str, str]]:
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
     out = []
@@ -127,33 +168,53 @@ def _stack(node: torch.fx.Node) -> list[tuple[str, str]]:
     return out
 
 
-def _reductions(add: _Builder, x: torch.fx.Node) -> torch.fx.Node:
-    """One ``[8]`` float32 node: the COLUMNS of ``x`` (ops Inductor lowers itself: no decompositions here)."""
+def _reductions(add: _Builder, x: torch.fx.Node, columns: tuple[str, ...]) -> torch.fx.Node:
+    """One ``[len(columns)]`` float32 node: those COLUMNS of ``x`` (in ops Inductor lowers itself)."""
     aten, prims = torch.ops.aten, torch.ops.prims
     value = x.meta["val"]
     f = x if value.dtype in (torch.float32, torch.float64) else add(prims.convert_element_type.default, x,
                                                                     torch.float32)
-    dtype, device = f.meta["val"].dtype, f.meta["val"].device
+    counts = {"dtype": torch.float32}
+    made: dict[str, torch.fx.Node] = {}
 
-    def const(v: float) -> torch.fx.Node:
-        return add(aten.full.default, [], v, dtype=dtype, device=device, pin_memory=False)
+    def once(key: str, make: Any) -> torch.fx.Node:
+        if key not in made:
+            made[key] = make()
+        return made[key]
 
-    not_nan = add(aten.eq.Tensor, f, f)
-    finite = add(aten.logical_and.default, not_nan, add(aten.ne.Scalar, add(aten.abs.default, f), math.inf))
-    counts = dict(dtype=torch.float32)
-    parts = [
-        add(aten.amax.default, add(aten.where.self, finite, f, const(-math.inf))),
-        add(aten.amin.default, add(aten.where.self, finite, f, const(math.inf))),
-        add(aten.sum.default, add(aten.where.self, finite, f, const(0.0))),
-        add(aten.sqrt.default, add(aten.sum.default, add(aten.mul.Tensor, f, f))),
-        add(aten.sum.default, add(aten.logical_not.default, not_nan), **counts),
-        add(aten.sum.default, add(aten.eq.Scalar, f, math.inf), **counts),
-        add(aten.sum.default, add(aten.eq.Scalar, f, -math.inf), **counts),
-        add(aten.sum.default, add(aten.eq.Scalar, f, 0.0), **counts),
-    ]
+    def not_nan() -> torch.fx.Node:
+        return once("not_nan", lambda: add(aten.eq.Tensor, f, f))
+
+    def finite() -> torch.fx.Node:
+        return once("finite", lambda: add(aten.logical_and.default, not_nan(),
+                                          add(aten.ne.Scalar, add(aten.abs.default, f), math.inf)))
+
+    def masked(fill: float) -> torch.fx.Node:
+        return add(aten.where.self, finite(), f, add.constant(fill, f))
+
+    make = {
+        "max": lambda: add(aten.amax.default, masked(-math.inf)),
+        "min": lambda: add(aten.amin.default, masked(math.inf)),
+        "sum": lambda: add(aten.sum.default, masked(0.0)),
+        "finite": lambda: add(aten.sum.default, finite(), **counts),
+        "l2norm": lambda: add(aten.sqrt.default, add(aten.sum.default, add(aten.mul.Tensor, f, f))),
+        "nan": lambda: add(aten.sum.default, add(aten.logical_not.default, not_nan()), **counts),
+        "pos_inf": lambda: add(aten.sum.default, add(aten.eq.Scalar, f, math.inf), **counts),
+        "neg_inf": lambda: add(aten.sum.default, add(aten.eq.Scalar, f, -math.inf), **counts),
+        "zero": lambda: add(aten.sum.default, add(aten.eq.Scalar, f, 0.0), **counts),
+    }
+    parts = [make[c]() for c in columns]
     parts = [p if p.meta["val"].dtype == torch.float32 else add(prims.convert_element_type.default, p,
                                                                  torch.float32) for p in parts]
     return add(aten.cat.default, [add(aten.view.default, p, [1]) for p in parts])
+
+
+def wanted() -> tuple[tuple[str, ...], bool]:
+    """The columns the features ask for (in COLUMNS' order) and whether every node is tapped (else only the
+    nodes whose value leaves their module)."""
+    asks = list(demands.graph_stats.values())
+    names = frozenset().union(*(columns for columns, _ in asks)) if asks else frozenset()
+    return tuple(c for c in COLUMNS if c in names), any(every for _, every in asks)
 
 
 class GraphStatsPass:
@@ -166,12 +227,17 @@ class GraphStatsPass:
             report_internal_error("graph statistics pass", exc)
 
     def uuid(self) -> bytes:
-        return hashlib.sha256(_VERSION.encode()).digest()  # Inductor's cache: graphs with and without taps differ
+        # Inductor's FX graph cache keys on this: graphs with other taps are other graphs.  The spec ids in a
+        # graph are this process's, so a graph with taps is never taken from another process's cache either.
+        return hashlib.sha256(f"{_VERSION}/{wanted()}/{id(self)}/{os.getpid()}".encode()).digest()
 
     def _tap(self, graph: torch.fx.Graph) -> None:
         from torch._guards import detect_fake_mode
 
-        nodes = [n for n in graph.nodes if _tapped(n)]
+        columns, every = wanted()
+        if not columns:
+            return
+        nodes = [n for n in graph.nodes if _tapped(n) and (every or _leaves_its_module(n))]
         if not nodes:
             return
         fake_mode = detect_fake_mode([n.meta["val"] for n in nodes])
@@ -182,11 +248,11 @@ class GraphStatsPass:
         rows = []
         for node in nodes:
             with graph.inserting_before(node.next):  # right after the node, in the order they are made
-                rows.append(_reductions(add, node))
+                rows.append(_reductions(add, node, columns))
         value = nodes[0].meta["val"]
         with _lock:
             spec_id = len(_specs)
-            _specs.append({"backward": backward, "device": str(value.device), "rows": [
+            _specs.append({"backward": backward, "device": str(value.device), "columns": list(columns), "rows": [
                 {"node": n.name, "op": str(n.target), "stack": _stack(n), "dtype": str(n.meta["val"].dtype),
                  "shape": [str(d) for d in n.meta["val"].shape]} for n in nodes]})
         first = next(iter(graph.nodes))
@@ -196,7 +262,7 @@ class GraphStatsPass:
             graph.call_function(torch.ops.obs.graph_begins.default, (spec_id,))
         output = next(n for n in reversed(graph.nodes) if n.op == "output")
         with graph.inserting_before(output):
-            table = add(torch.ops.aten.cat.default, rows)  # [8 * nodes]: row i is table[8 i : 8 i + 8]
+            table = add(torch.ops.aten.cat.default, rows)  # row i: table[k i : k i + k], k = len(columns)
             graph.call_function(torch.ops.obs.graph_stats.default, (table, spec_id))
 
 

@@ -237,3 +237,26 @@ def test_op_granularity_labels_the_op_output_as_an_output(tmp_path):
     meta = json.loads((folder / "meta.json").read_text())
     assert (meta["op"], meta["where"]) == ("log.default", "output")
     assert [o["arg"] for o in meta["outputs"]] == ["output"] and [i["arg"] for i in meta["inputs"]] == ["args[0]"]
+
+
+def test_a_compiled_model_with_an_output_no_loss_uses_trains_under_the_module_check(tmp_path, native_path):
+    """Its backward hands the unused output's gradient hook None (nanoGPT returns logits and loss)."""
+    cfg = tmp_path / "nan.json"
+    cfg.write_text(json.dumps({"nan_check": {"enable": True, "path": str(tmp_path)}}))
+    obs.set_context(env_config_path=str(cfg))
+
+    class TwoOutputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x, y):
+            logits = self.fc(x)
+            return logits, torch.nn.functional.cross_entropy(logits, y)
+
+    torch._dynamo.reset()
+    model = torch.compile(TwoOutputs(), backend="aot_eager")
+    for _ in range(2):
+        _, loss = model(torch.randn(16, 8), torch.randint(0, 4, (16,)))
+        loss.backward()
+    assert not (tmp_path / "rank_0").exists()  # nothing found, nothing raised

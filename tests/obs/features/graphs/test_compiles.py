@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -135,3 +137,19 @@ def test_break_text_is_read_into_source_reason_and_explanation():
     assert break_of(text) == {"source": "/src/model.py:42", "reason": "Unsupported call",
                               "explanation": "Dynamo does not know how to trace x"}
     assert break_of("something else") == {"source": "", "reason": "", "explanation": ""}
+
+
+def test_save_graphs_set_before_torch_is_imported_still_sees_compiles(tmp_path):
+    """As under `obs run --set save_graphs=1`: the settings come first (their eager tracer imports torch while
+    they are applied), the script imports torch later."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import obs, sys\n"
+        f"obs.set_context(save_graphs=1, save_graphs_path={str(tmp_path / 'g')!r})\n"
+        "import torch\n"
+        "model = torch.compile(torch.nn.Linear(4, 2), backend='aot_eager')\n"
+        "model(torch.randn(3, 4)).sum().backward()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stages = [g["stage"] for g in index(tmp_path / "g")["graphs"]]
+    assert "dynamo_capture" in stages

@@ -187,7 +187,9 @@ def test_inductor_forward_and_backward_graphs(tmp_path):
     assert [e["stage"] for e in index] == ["dynamo_capture", "aot_forward", "aot_backward"]
     assert [e["graph"] for e in index] == ["Linear_0", "Linear_0_forward", "Linear_0_backward"]
     # and the graphs Inductor lowered, forward and backward, from PyTorch's structured trace
-    assert [e["stage"] for e in everything if "code" in e["files"]] == ["inductor_post_grad"] * 2
+    post_grad = [e for e in everything if "code" in e["files"]]
+    assert [e["stage"] for e in post_grad] == ["inductor_post_grad"] * 2
+    assert [e["files"]["code"].rsplit("_", 1)[1] for e in post_grad] == ["forward.py", "backward.py"]
     forward = read_ir(str(tmp_path / "g" / index[1]["files"]["ir"]))
     assert {p.name for p in forward.main.params} >= {"weight", "bias"}
 
