@@ -121,6 +121,8 @@ class DataDump:
         self._in_graph = False  # a compiled graph that computes its own statistics is running
         self._notice: CompiledNotice | None = None
         self._graph_root = "Default"  # the scope of the compiled module whose forward ran last
+        self._classes: dict[str, str] | None = None  # the root module's submodules' classes, by qualified name
+        self._classes_of = 0
         from obs.settings._context import get_context
 
         self._keep_class = bool(get_context("reserve_class_name_in_scope"))
@@ -262,6 +264,10 @@ class DataDump:
 
     def _on_root(self, module: Any) -> None:
         escaped = self._parameter_names
+        module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the module's own names
+        if self._classes_of != id(module):  # a compiled graph's rows name containers as eager scopes do
+            self._classes_of = id(module)
+            self._classes = {q: type(m).__name__ for q, m in module.named_modules() if q}
         try:
             with suppressed():
                 for name, tensor in module.named_parameters():
@@ -366,7 +372,7 @@ class DataDump:
             return
         self._in_graph, self.active = False, True
         try:
-            for row in graph_rows(spec, rows, self._graph_root, self._keep_class):
+            for row in graph_rows(spec, rows, self._graph_root, self._keep_class, self._classes):
                 name = row.op.removeprefix("aten.")
                 kind = self._types.get(name)
                 if kind is None:

@@ -73,13 +73,15 @@ def _dtype(name: str) -> torch.dtype:
     return value if isinstance(value, torch.dtype) else torch.float32
 
 
-def graph_rows(spec: dict[str, Any], rows: Sequence[Sequence[float]], root: str, keep_class: bool) -> list[GraphRow]:
-    """The rows of one graph run; ``root`` is the scope of the module that ran it (``Default/net-Net``)."""
+def graph_rows(spec: dict[str, Any], rows: Sequence[Sequence[float]], root: str, keep_class: bool,
+               classes: dict[str, str] | None = None) -> list[GraphRow]:
+    """The rows of one graph run; ``root`` is the scope of the module that ran it (``Default/net-Net``);
+    ``classes`` (qualified name -> class of its submodules) names containers as eager scopes do."""
     prefix = ("Gradients/" if spec.get("backward") else "") + (root or "Default")
     out = []
     columns = spec.get("columns", ())
     for entry, values in zip(spec["rows"], rows):
-        cells = scope_parts(dict(enumerate(entry["stack"])), "root", keep_class)[1:]  # the root is `root`
+        cells = scope_parts(dict(enumerate(entry["stack"])), "root", keep_class, classes)[1:]  # the root: `root`
         scope = "/".join([prefix, *cells])
         shape = tuple(int(d) if str(d).isdigit() else 0 for d in entry["shape"])
         out.append(GraphRow(scope, str(entry["op"]), _dtype(str(entry["dtype"])), shape, dict(zip(columns, values))))
