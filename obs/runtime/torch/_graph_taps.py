@@ -144,11 +144,13 @@ def _module_path(node: torch.fx.Node) -> str:
 
 
 def _leaves_its_module(node: torch.fx.Node) -> bool:
-    """Whether the node's value is an output of its module: used outside it, or by the graph's output."""
+    """Whether the node's value is an output of its module: used by a node outside it.  The graph's output is
+    no such use: in a forward graph it also holds what backward saves (an attention mask, say), and the compiled
+    module's own output is checked where it returns."""
     path = _module_path(node)
     for user in node.users:
         if user.op == "output":
-            return True
+            continue
         inside = _module_path(user)
         if not (inside == path or (path and inside.startswith(path + "."))):
             return True
@@ -237,7 +239,14 @@ class GraphStatsPass:
         columns, every = wanted()
         if not columns:
             return
-        nodes = [n for n in graph.nodes if _tapped(n) and (every or _leaves_its_module(n))]
+        if every:
+            nodes = [n for n in graph.nodes if _tapped(n)]
+        else:  # module outputs computed from the graph's inputs (a causal mask built from iota is no data of the step)
+            fed: set[torch.fx.Node] = set()
+            for n in graph.nodes:
+                if n.op == "placeholder" or any(a in fed for a in n.all_input_nodes):
+                    fed.add(n)
+            nodes = [n for n in graph.nodes if n in fed and _tapped(n) and _leaves_its_module(n)]
         if not nodes:
             return
         fake_mode = detect_fake_mode([n.meta["val"] for n in nodes])

@@ -20,11 +20,19 @@ import torch, obs
 
 feature, folder, graph_break = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 
+class Masked(torch.nn.Module):
+    """Attention's causal mask: -inf by design, built from the shape alone (no data of the step)."""
+
+    def forward(self, x):
+        mask = torch.triu(torch.full((x.shape[0], x.shape[1]), float("-inf")), 1)
+        return torch.softmax(x + mask, -1)
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.fc1 = torch.nn.Linear(8, 16)
         self.fc2 = torch.nn.Linear(16, 4)
+        self.attn1, self.attn2 = Masked(), Masked()
 
     def forward(self, x):
         h = torch.relu(self.fc1(x))
@@ -32,6 +40,8 @@ class Net(torch.nn.Module):
             torch._dynamo.graph_break()
         if feature == "nan":
             h = torch.log(h - 1.0)  # NaN wherever h < 1
+        if feature == "mask":
+            h = self.attn2(self.attn1(h))
         return self.fc2(h)
 
 def train(steps=2, reference=False):
@@ -59,7 +69,7 @@ plain, plain_frames, relu = train(reference=True)
 env = {"dump": {"common_dump_settings": {"dump_mode": 0, "path": folder, "net_name": "Net", "iteration": "all",
                 "saved_data": "statistic", "input_output": 2, "kernels": [], "support_device": [0],
                 "statistic_category": ["max", "min", "avg", "l2norm", "nan count"]}}} if feature == "dump" else \
-      {"nan_check": {"enable": True, "path": folder}}
+      {"nan_check": {"enable": True, "path": folder}}  # nan, mask
 path = os.path.join(folder, "env.json")
 with open(path, "w") as f:
     json.dump(env, f)
@@ -117,3 +127,9 @@ def test_the_nan_check_names_the_first_node_of_a_compiled_graph(tmp_path):
     assert first["step"] == 1 and first["phase"] == "forward"
     assert first["scope"] == "Default/net-Net" and first["op"] in ("Log", "Sub")  # log(h - 1): its first NaN
     assert first["nan"] > 0
+
+
+def test_a_mask_that_is_minus_inf_by_design_is_no_finding_of_the_module_check(tmp_path):
+    out = run(tmp_path, "mask")
+    assert out["with_obs"] == out["plain"]
+    assert not (tmp_path / "rank_0" / "nan_check").exists()
