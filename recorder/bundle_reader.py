@@ -20,7 +20,7 @@ from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
 from recorder.bundle import SCHEMA_VERSION, TMP_PREFIX
 from recorder.recover import RingFile, find_rings, near
 
-__all__ = ["EVENT_KINDS", "Bundle", "BundleInfo", "Listing", "find_bundle", "list_bundles", "load_bundle",
+__all__ = ["EVENT_KINDS", "Bundle", "BundleInfo", "Listing", "Selection", "find_bundle", "list_bundles", "load_bundle",
            "parse_json"]
 
 #: every kind of event a bundle's events.jsonl holds
@@ -62,6 +62,14 @@ class Listing:
     skipped: list[Exception] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Events of a bundle that match a filter: ``events`` (only the last N when asked) of ``matched`` in all."""
+
+    events: list[dict[str, Any]]
+    matched: int
+
+
 def parse_json(data: bytes, path: str, *, base: int = 0) -> Any:
     """``data`` (found at byte ``base`` of ``path``) as JSON; a :class:`DamagedFileError` with the byte offset
     when it is not JSON."""
@@ -99,9 +107,18 @@ class Bundle:
                step: int | None = None) -> list[dict[str, Any]]:
         """Events in order, optionally only ``kinds`` and ``step``, optionally only the ``last`` N (memory
         bounded by N)."""
+        return self.pick(kinds, last, step).events
+
+    def pick(self, kinds: set[str] | None = None, last: int | None = None, step: int | None = None, *,
+             first: int | None = None) -> Selection:
+        """:meth:`events`, or only the ``first`` N, with how many events matched in all (memory bounded by N)."""
         keep: deque[dict[str, Any]] | list[dict[str, Any]] = deque(maxlen=last) if last else []
-        keep.extend(self.select(kinds, step))
-        return list(keep)
+        matched = 0
+        for event in self.select(kinds, step):
+            if first is None or matched < first:
+                keep.append(event)
+            matched += 1
+        return Selection(list(keep), matched)
 
     def select(self, kinds: set[str] | None = None, step: int | None = None) -> Iterator[dict[str, Any]]:
         """The events of ``kinds`` and ``step`` (None: any), streamed: memory stays bounded by one event."""

@@ -118,6 +118,9 @@ class Recorder:
         self.step = 0
         self.dumps: list[str] = []
         self.failed: str | None = None  #: why the last dump failed (the ring is then kept for recover)
+        self._faults = 0  # faults recorded that no bundle covered when they came
+        self._unreported: tuple[int, dict[str, Any]] | None = None  # the newest of them (number, record)
+        self._reported = 0  # the faults (by number) the last bundle holds
         self.graphs: deque[tuple[str, str]] = deque(maxlen=_GRAPHS_KEPT)
         self._graph_files: list[str] = []  # beside the ring, oldest first
         self._graphs_seen = 0
@@ -214,9 +217,37 @@ class Recorder:
         record = {"fault": kind, "detail": str(detail)}
         if isinstance(error, BaseException):
             record.update(error=f"{type(error).__name__}: {error}")
+        elif error is not None and str(error):  # a fault without an exception may say what it found
+            record.update(error=str(error))
         self.ring.blob(Kind.FAULT, record)
-        if kind in ("module_error", "op_error") and isinstance(error, Exception):  # not KeyboardInterrupt
+        # KeyboardInterrupt, SystemExit: the signal's or the exit's, dumped (or not) as such; an error already in
+        # a bundle (an enclosing module sees it again): that bundle is the fault's
+        if isinstance(error, BaseException) and (not isinstance(error, Exception)
+                                                 or getattr(error, "_obs_rdr_dumped", False)):
+            return
+        self._faults += 1
+        self._unreported = (self._faults, record)
+        if kind in ("module_error", "op_error") and isinstance(error, Exception):
             self.dump(kind, error=error, fault={"kind": kind, "where": str(detail)})
+
+    @property
+    def unreported_fault(self) -> dict[str, Any] | None:
+        """The newest fault recorded since the last bundle (``fault``, ``detail``, maybe ``error``), or None."""
+        pending = self._unreported
+        return pending[1] if pending is not None and pending[0] > self._reported else None
+
+    def end_dump(self, *, normal_end: bool) -> str | None:
+        """The recording ends (the process, ``reset_context``, the recorder turned off): write the bundle it still
+        owes, and return its path.  A fault no bundle holds (a NaN/Inf found with ``action: continue``) is one,
+        named for the fault, in every mode; else ``normal_end`` when asked (mode 2, a run that ended normally).
+        None when there is nothing to write."""
+        fault = self.unreported_fault
+        if fault is not None:
+            return self.dump(str(fault["fault"]), fault={"kind": fault["fault"], "where": fault["detail"],
+                                                         **({"error": fault["error"]} if "error" in fault else {})})
+        if normal_end:
+            return self.dump("normal_end")
+        return None
 
     def marker(self, name: str, **payload: Any) -> None:
         """Record a low-rate marker (signals, hangs) in the ring."""
@@ -251,8 +282,11 @@ class Recorder:
             try:
                 if self.ring.closed:
                     return None
+                faults = self._faults  # those the ring holds now: a fault after this read is not in the bundle
                 contents = read_ring(self.ring.buffer())
-                return self._write(reason, contents, error=error, fault=fault, stacks=stacks)
+                path = self._write(reason, contents, error=error, fault=fault, stacks=stacks)
+                self._reported = max(self._reported, faults)
+                return path
             finally:
                 self._dumping = None
 
@@ -415,6 +449,7 @@ class Recorder:
             self._mark_quietly("dump_failed" if self.failed else state, failed=self.failed,
                                ring=os.path.basename(self.ring.path),
                                next_step="obs rdr recover makes a bundle from the ring")
+            outputs.wrote("RDR marker", os.path.join(self.dir, "marker.json"))
             return
         try:
             if os.path.getsize(self.fatal_path) == 0:
@@ -424,6 +459,7 @@ class Recorder:
         remove_graphs(self.graphs_dir)  # the ring is gone: nothing will recover them
         if self.dumps or state != "exited":
             self._mark_quietly(state, dumped=bool(self.dumps))
+            outputs.wrote("RDR marker", os.path.join(self.dir, "marker.json"))
             return
         try:
             os.unlink(os.path.join(self.dir, "marker.json"))

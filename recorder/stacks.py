@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -9,11 +11,11 @@ import threading
 import traceback
 from typing import Any
 
-__all__ = ["WRAPPER_FILES", "all_stacks", "exception_record", "is_wrapper", "stacks_text"]
+__all__ = ["WRAPPER_FILES", "all_stacks", "exception_record", "is_hidden", "is_wrapper", "stacks_text", "user_frames"]
 
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_OURS = tuple(_ROOT + os.sep + pkg + os.sep for pkg in ("obs", "recorder"))
+#: obs's packages: their frames are obs's own, never the user's
+_PACKAGES = ("obs", "recorder", "printsink", "exporters")
 #: obs's frames that wrap a user's call (the module wrapper, the op dispatch mode); matched as path suffixes so
 #: that a bundle written on another machine is read the same way
 WRAPPER_FILES = tuple(os.sep + os.path.join("obs", "runtime", "torch", name) for name in ("_modules.py", "_ops.py"))
@@ -27,37 +29,79 @@ _MACHINERY = tuple(os.sep + os.path.join("recorder", name) for name in
                    ("signals.py", "triggers.py", "recorder.py", "bundle.py", "assemble.py", "stacks.py"))
 
 
+@functools.cache
+def _package_dirs() -> tuple[str, ...]:
+    """The folders of obs's packages, each from its module's ``__file__`` (a package not imported here is only
+    looked up, not imported: ``obs rdr show`` filters the frames of bundles written by this installation)."""
+    out = []
+    for name in _PACKAGES:
+        origin = getattr(sys.modules.get(name), "__file__", None)
+        if origin is None:
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                spec = None
+            origin = spec.origin if spec is not None else None
+        if origin:
+            out.append(os.path.dirname(os.path.abspath(origin)) + os.sep)
+    return tuple(out)
+
+
+def is_hidden(filename: str) -> bool:
+    """A frame the user is never shown: obs's own (its packages ``obs``, ``recorder``, ``printsink``,
+    ``exporters``) or runpy's (``obs run``, ``python -m``)."""
+    return filename == "<frozen runpy>" or filename.endswith(os.sep + "runpy.py") \
+        or filename.startswith(_package_dirs())
+
+
+def user_frames(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """``frames`` (outermost first) as they would be without obs: from the script's first frame under ``obs run``,
+    cut where obs's op dispatch mode begins (with torch's plumbing around it), and without any frame of obs or
+    runpy.  Empty when no frame is the user's or a library's."""
+    return [f for f in _without_wrappers(frames) if not is_hidden(f.filename)]
+
+
 def all_stacks() -> list[dict[str, Any]]:
     """One entry per live thread: name, ident, daemon flag, frames (file, line, function, code) outermost first.
 
-    The dumping thread's innermost frames that belong to obs itself are left out, and so are every other
-    thread's innermost frames in the recorder's dump and signal machinery.
+    A thread of the user (or of a library) shows :func:`user_frames` of the frames it had before it entered the
+    recorder's dump and signal machinery: no frame of obs or runpy, so the main thread of a dump made at exit may
+    have none.  obs's own threads (their code is obs's) keep their frames, less those of the dump itself on the
+    dumping thread and of the machinery on the others.
     """
     names = {t.ident: t for t in threading.enumerate()}
     me = threading.get_ident()
     out = []
     for ident, frame in sys._current_frames().items():
         thread = names.get(ident)
-        frames: list[dict[str, Any]] = [{"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line or ""}
-                  for f in traceback.extract_stack(frame)]
-        if ident == me:
-            while len(frames) > 1 and frames[-1]["file"].startswith(_OURS):
-                frames.pop()
+        stack = list(traceback.extract_stack(frame))
+        if not _started_by_obs(stack):
+            stack = user_frames(stack[:_machinery_starts(stack)])
+        elif ident == me:
+            while len(stack) > 1 and is_hidden(stack[-1].filename):
+                stack.pop()
         else:
-            del frames[_machinery_starts(frames):]
+            del stack[_machinery_starts(stack):]
         out.append({"thread": thread.name if thread else f"thread-{ident}", "ident": ident,
                     "daemon": bool(thread and thread.daemon), "main": thread is threading.main_thread(),
-                    "frames": frames})
+                    "frames": [_frame(f) for f in stack]})
     out.sort(key=lambda s: (not s["main"], s["thread"]))
     return out
 
 
-def _machinery_starts(frames: list[dict[str, Any]]) -> int:
+def _started_by_obs(frames: list[traceback.FrameSummary]) -> bool:
+    """A thread obs started: its first frame past ``threading``'s bootstrap is obs's."""
+    first = next((f.filename for f in frames if not f.filename.endswith(os.sep + "threading.py")), None)
+    return first is not None and first.startswith(_package_dirs()) and len(frames) > 1 \
+        and frames[0].filename.endswith(os.sep + "threading.py")
+
+
+def _machinery_starts(frames: list[traceback.FrameSummary]) -> int:
     """Where the innermost run of machinery frames (and the library calls it made, e.g. ``Event.wait``)
     begins; ``len(frames)`` when the thread is not in the machinery.  The outermost frame always stays."""
     cut = len(frames)
     for i in range(len(frames) - 1, 0, -1):
-        name = frames[i]["file"]
+        name = frames[i].filename
         if name.endswith(_MACHINERY):
             cut = i
         elif not _is_library(name):
@@ -126,15 +170,17 @@ def _frame(f: traceback.FrameSummary) -> dict[str, Any]:
     return {"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line or ""}
 
 
-def _drop_wrappers(te: traceback.TracebackException, seen: set[int]) -> None:
-    """Leave obs's wrapper frames out of ``te`` and every exception chained to it."""
+def _drop_hidden(te: traceback.TracebackException, seen: set[int]) -> None:
+    """Leave obs's (and runpy's) frames out of ``te`` and every exception chained to it; an exception whose
+    frames are all obs's (an error of obs itself) keeps them, they are all there is."""
     if id(te) in seen:
         return
     seen.add(id(te))
-    te.stack = traceback.StackSummary.from_list(_without_wrappers(list(te.stack)))
+    frames = list(te.stack)
+    te.stack = traceback.StackSummary.from_list(user_frames(frames) or frames)
     for other in (te.__cause__, te.__context__):
         if other is not None:
-            _drop_wrappers(other, seen)
+            _drop_hidden(other, seen)
 
 
 def exception_record(error: BaseException) -> dict[str, Any]:
@@ -143,7 +189,7 @@ def exception_record(error: BaseException) -> dict[str, Any]:
     The traceback runs from the user's outermost frame to the frame that raised: when the error is
     recorded while it is still propagating (a module or op fault, dumped from inside obs's wrapper),
     its traceback starts at the frame that caught it, and the frames outside it come from the live
-    stack.  obs's own wrapper frames are left out.  ``where`` is the user's innermost frame;
+    stack.  No frame of obs or runpy is in it (:func:`user_frames`).  ``where`` is the user's innermost frame;
     ``raised_in`` the innermost frame when that is library code (torch's ``linear.py``), else None.
     """
     te = traceback.TracebackException.from_exception(error)
@@ -152,7 +198,7 @@ def exception_record(error: BaseException) -> dict[str, Any]:
     if tb is not None and tb.tb_frame.f_back is not None:
         outer = list(traceback.extract_stack(tb.tb_frame.f_back))
     te.stack = traceback.StackSummary.from_list(outer + list(te.stack))
-    _drop_wrappers(te, set())
+    _drop_hidden(te, set())
     frames = list(te.stack)
     mine = [f for f in frames if not _is_library(f.filename)]
     innermost = frames[-1] if frames else None

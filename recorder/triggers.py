@@ -174,9 +174,18 @@ class Triggers:
                 os.abort()
             last = progress(self.recorder)  # our own marker is not progress
 
+    def end(self, *, stopping: bool = True) -> None:
+        """The recording ends: its last bundle, if it owes one (:meth:`Recorder.end_dump`).  ``stopping``: the
+        process ends or the recorder is turned off (``reset_context``, the env config file), so mode 2 writes
+        ``normal_end`` unless an exception or a signal ended the run; False: it restarts on a new layout, and only
+        a fault no bundle holds is written (its ring is about to go)."""
+        try:
+            self.recorder.end_dump(normal_end=stopping and self.mode == 2 and not self.abnormal)
+        except Exception as exc:  # noqa: BLE001 - a failed dump must not change how the process ends
+            report_internal_error("rdr dump (end of the recording)", exc)
+
     def _at_exit(self) -> None:
-        if self.mode == 2 and not self.abnormal:
-            self._dump("normal_end")
+        self.end()
         self.uninstall()
         self.recorder.close(clean_exit=True)
 

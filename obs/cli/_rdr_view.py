@@ -20,8 +20,8 @@ from rich.text import Text
 
 from obs._core import env
 from obs.cli._render import clean, console, err_console, print_json, print_json_lines
-from recorder.bundle_reader import EVENT_KINDS, Bundle, list_bundles, load_bundle
-from recorder.stacks import is_wrapper
+from recorder.bundle_reader import EVENT_KINDS, Bundle, Selection, list_bundles, load_bundle
+from recorder.stacks import is_hidden, is_wrapper
 
 __all__ = ["default_root", "run_events", "run_ls", "run_recover", "run_show"]
 
@@ -116,9 +116,14 @@ def _what(event: dict[str, Any]) -> str:
         values = event.get("values", [])
         return clean(" ".join(str(v) for v in values) if isinstance(values, list) else values)
     if kind == "fault":
-        return clean(f"{event.get('fault')} at {event.get('detail')}: {event.get('error', '')}")
+        return clean(_fault_text(event.get("fault"), event.get("detail"), event.get("error")))
     rest = {k: v for k, v in event.items() if k not in ("seq", "t", "kind", "step")}
     return clean(", ".join(f"{k}={v}" for k, v in rest.items()))
+
+
+def _fault_text(kind: Any, where: Any, error: Any) -> str:
+    """``kind at where``, then what the fault said (an exception, what a check found), when it said anything."""
+    return f"{kind} at {where}" + (f": {error}" if error else "")
 
 
 def _kind(event: dict[str, Any]) -> str:
@@ -146,8 +151,9 @@ def _where(where: Any) -> str:
     return clean(f"{where.get('file')}:{where.get('line')} in {where.get('function')}")
 
 
-def _header(b: Bundle) -> list[tuple[str, Text]]:
-    """The summary rows of ``show``: (label, value), printed as plain lines (never wrapped: they hold paths)."""
+def _header(b: Bundle, faults: Selection) -> list[tuple[str, Text]]:
+    """The summary rows of ``show``: (label, value), printed as plain lines (never wrapped: they hold paths).
+    ``faults``: the bundle's fault events (the first few kept)."""
     m = b.manifest
     rows: list[tuple[str, Text]] = []
     reason = _reason(b.info.reason, b.info.recovered)
@@ -158,7 +164,15 @@ def _header(b: Bundle) -> list[tuple[str, Text]]:
     rows.append(("step reached", Text(str(b.info.step))))
     fault = m.get("fault")
     if fault:
-        rows.append(("fault", _plain(f"{fault.get('kind')}: {fault.get('where')}")))
+        rows.append(("fault", _plain(f"{fault.get('kind')}: {fault.get('where')}"
+                                     + (f": {fault['error']}" if fault.get("error") else ""))))
+    only = faults.events[0] if faults.matched == 1 else None
+    if faults.matched and not (fault and only and (only.get("fault"), only.get("detail")) ==
+                               (fault.get("kind"), fault.get("where"))):  # not the fault of the row above again
+        shown = "; ".join(_fault_text(e.get("fault"), e.get("detail"), e.get("error")) + f" (step {e.get('step')})"
+                          for e in faults.events)
+        more = faults.matched - len(faults.events)
+        rows.append(("faults", _plain(f"{faults.matched} recorded: {shown}" + (f"; {more} more" if more else ""))))
     exc = m.get("exception")
     if exc:
         rows.append(("exception", _plain(f"{exc.get('type')}: {exc.get('message')}", "bold red")))
@@ -208,14 +222,26 @@ def _stacks(b: Bundle, frames: int, all_threads: bool) -> list[Text]:
             hidden.append(clean(s["thread"]))
             continue
         lines.append(Text.assemble("  ", (clean(s["thread"]), "bold"), " (main)" if s.get("main") else ""))
-        for f in [f for f in s["frames"] if not is_wrapper(f["file"])][-frames:]:
+        # obs's own threads show their frames (--all-threads); the others never obs's or runpy's (bundles written
+        # before obs left them out: by this installation's folders, and the wrappers' anywhere)
+        shown = s["frames"] if _ours(s) else [f for f in s["frames"]
+                                              if not is_hidden(f["file"]) and not is_wrapper(f["file"])]
+        for f in shown[-frames:]:
             lines.append(Text(clean(f"    {f['file']}:{f.get('line')} in {f['function']}"
                                     + (f"  — {f['code']}" if f.get("code") else "")),
-                              style="dim" if "/obs/" in f["file"] or "/recorder/" in f["file"] else ""))
+                              style="dim" if is_hidden(f["file"]) else ""))
+        if not shown:
+            lines.append(Text("    (no frame of your code)", style="dim"))
     if hidden:
         lines.append(Text(f"  {len(hidden)} thread(s) of obs itself hidden ({', '.join(hidden)}); --all-threads "
                           "shows them", style="dim"))
     return lines
+
+
+def _how_many(picked: Selection) -> str:
+    """``last N of M events`` when ``--last`` left events out, else ``M events``: M is always how many matched."""
+    shown = len(picked.events)
+    return f"last {shown} of {picked.matched} events" if picked.matched > shown else f"{picked.matched} events"
 
 
 def _section(out: Any, title: str, text: str, style: str = "bold red") -> None:
@@ -239,7 +265,7 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
         return EXIT_OK
     out = console()
     out.print(Text.assemble(("bundle: ", "bold"), clean(b.info.path)), soft_wrap=True)
-    for label, value in _header(b):
+    for label, value in _header(b, b.pick({"fault"}, first=3)):  # the first fault most often caused the rest
         out.print(Text.assemble((f"  {label:<15}", "bold"), value), soft_wrap=True)
     if b.exception:
         _section(out, "exception", b.exception.get("traceback", ""))
@@ -274,8 +300,9 @@ def run_events(path: str, *, kinds: list[str], last: int | None, as_json: bool, 
     if as_json:  # streamed: a bundle of any size is printed in constant memory (unless --last keeps N)
         print_json_lines(b.select(wanted, step) if last is None else b.events(wanted, last=last, step=step))
         return EXIT_OK
-    events = b.events(wanted, last=last, step=step)
-    title = f"{b.info.name}: {len(events)} events" + (f" of kind {', '.join(sorted(wanted))}" if wanted else "") \
+    picked = b.pick(wanted, last=last, step=step)
+    events = picked.events
+    title = f"{b.info.name}: {_how_many(picked)}" + (f" of kind {', '.join(sorted(wanted))}" if wanted else "") \
         + (f" in step {step}" if step is not None else "")
     out = console()
     out.print(Text.assemble(("bundle: ", "bold"), clean(b.info.path)), soft_wrap=True)

@@ -31,7 +31,11 @@ def apply_settings(config: str | None, sets: list[tuple[str, Any]]) -> None:
 def say_what_obs_wrote() -> None:
     """At exit, after obs's own exit work (a mode-2 bundle, the last fsync): where its files are, on stderr."""
     from obs._core.outputs import written
+    from obs.features.rdr import feature as rdr_feature
 
+    # A recorder started at import (MS_RDR_ENABLE=1) put its exit handler before this one, so it would run after
+    # it: end the recording now (its last bundle, its marker), as that handler would.
+    rdr_feature.close()
     items = written()
     if not items:
         return

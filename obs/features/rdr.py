@@ -3,8 +3,9 @@
 ``obs.features.rdr.dump(reason)`` writes a bundle now; ``obs.features.rdr.recorder()`` is the live recorder (or None);
 ``obs.features.rdr.recover(path)`` turns the rings of dead processes into bundles.  The recorder follows
 the settings in force: set_context, hot reloads of the file (applied at a step boundary on the
-training thread), reset_context (which closes it without dumping).  ``recorder`` is imported
-lazily so ``import obs`` stays light.
+training thread), reset_context.  When the recording ends (the process, reset_context, the file turning
+the recorder off) it writes the bundle it owes: one for a fault no bundle holds yet, in every mode, else
+``normal_end`` in mode 2.  ``recorder`` is imported lazily so ``import obs`` stays light.
 
 Where files go: ``{rdr.path}/rank_{r}/rdr/``; an unset ``rdr.path`` is the current folder (as in
 the original).  A run that ends cleanly with nothing to report leaves nothing behind there: no
@@ -88,7 +89,7 @@ class RdrFeature:
 
     def close(self) -> None:
         with self._lock:
-            self._stop()
+            self._stop(ending=True)
 
     def desired(self) -> RdrConfig | None:
         rdr = env_feature.env_config()["rdr"]
@@ -112,7 +113,7 @@ class RdrFeature:
                     (have.path, have.granularity, have.capacity):
                 self._retune(want)
                 return
-            self._stop(keep_signals=want is not None)  # a restart keeps the signal relay as it is
+            self._stop(keep_signals=want is not None, ending=want is None)  # a restart keeps the signal relay
             if want is not None:
                 self._start(want)
 
@@ -175,8 +176,11 @@ class RdrFeature:
         if "recorder.signals" in sys.modules:
             sys.modules["recorder.signals"].after_fork_in_child()
 
-    def _stop(self, *, keep_signals: bool = False) -> None:
+    def _stop(self, *, keep_signals: bool = False, ending: bool) -> None:
+        """``ending``: the recording ends (its last bundle, mode 2's ``normal_end`` included); else it restarts
+        on a new layout (only a fault no bundle holds is written: its ring goes)."""
         if self.triggers is not None:
+            self.triggers.end(stopping=ending)
             self.triggers.uninstall()
             self.triggers = None
         if self.recorder is not None:

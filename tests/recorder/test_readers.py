@@ -157,3 +157,15 @@ def test_bundle_files_are_never_read_through_a_symlink(tmp_path):
     os.symlink(secret, os.path.join(path, "events.jsonl"))
     with pytest.raises(UnsafePathError, match="symlink"):
         load_bundle(path).events()
+
+
+def test_a_pick_says_how_many_events_matched_besides_the_ones_it_kept(tmp_path):
+    lines = ['{"seq":1,"t":1,"kind":"step_begin","step":5}'] + \
+        [f'{{"seq":{i},"t":{i},"kind":"module_enter","scope":"m{i}"}}' for i in range(2, 42)] + \
+        ['{"seq":42,"t":42,"kind":"step_begin","step":6}', '{"seq":43,"t":43,"kind":"module_enter","scope":"n"}']
+    b = load_bundle(_bundle(tmp_path, lines))
+    last = b.pick({"module_enter"}, last=3, step=5)
+    assert [e["seq"] for e in last.events] == [39, 40, 41] and last.matched == 40
+    first = b.pick({"module_enter"}, first=2)
+    assert [e["seq"] for e in first.events] == [2, 3] and first.matched == 41
+    assert b.pick(step=6).matched == len(b.events(step=6)) == 2

@@ -28,18 +28,17 @@ __all__ = ["SCHEMA_VERSION", "outputs_in", "python_stack", "write_capture"]
 SCHEMA_VERSION = 1
 
 
-_OWN = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", ""),
-        os.path.dirname(os.path.abspath(__file__)) + os.sep)
-
-
 def python_stack(error: BaseException | None, frame: FrameType | None) -> list[str]:
     """The stack of a failure: the callers of ``frame`` (outermost first), then the traceback of ``error``;
-    obs's own wrapper and hook frames left out."""
-    entries = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
-    lines = [line for entry, line in zip(entries, entries.format()) if not entry.filename.startswith(_OWN)]
+    as the user's code sees it (:func:`recorder.stacks.user_frames`: no frame of obs, nor of ``obs run``)."""
+    from recorder.stacks import user_frames
+
+    entries = traceback.StackSummary.from_list(user_frames(list(traceback.extract_stack(frame)))) \
+        if frame is not None else traceback.StackSummary()
+    lines = list(entries.format())
     if error is not None:
         tb = traceback.TracebackException.from_exception(error)
-        tb.stack = traceback.StackSummary.from_list([e for e in tb.stack if not e.filename.startswith(_OWN)])
+        tb.stack = traceback.StackSummary.from_list(user_frames(list(tb.stack)))
         lines += list(tb.format())
     return [line.rstrip("\n") for line in lines]
 

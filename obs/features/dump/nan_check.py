@@ -306,6 +306,7 @@ class NanCheck:
             self.findings.append(finding)
             if self._native is not None and self.done:
                 self._native.disable()
-        bus.emit(Event.FAULT, "nan_inf", place, None)
+        error = NonFiniteError(message, capture)  # the recorder's event and bundle say what was found
+        bus.emit(Event.FAULT, "nan_inf", place, error)
         if self.action == "raise":
-            raise NonFiniteError(message, capture)
+            raise error

@@ -239,3 +239,16 @@ def test_run_says_on_stderr_which_files_obs_wrote(tmp_path):
     assert f"obs: wrote print file: {tmp_path / 'p.pb'}" in result.stderr
     bundle = next(line for line in result.stderr.splitlines() if line.startswith("obs: wrote RDR bundle: "))
     assert os.path.isfile(os.path.join(bundle.split(": ", 2)[2], "manifest.json"))
+    assert f"obs: wrote RDR marker: {tmp_path / 'rdr' / 'rank_0' / 'rdr' / 'marker.json'}" in result.stderr
+
+
+def test_run_names_the_bundle_and_marker_of_a_recorder_started_by_the_environment(tmp_path):
+    """MS_RDR_ENABLE=1 starts the recorder at ``import obs``, before ``obs run`` sets up what it says at exit."""
+    (tmp_path / "ok.py").write_text("import obs\nwith obs.step():\n    pass\n")
+    env = {"MS_RDR_ENABLE": "1", "MS_RDR_MODE": "2", "MS_RDR_PATH": str(tmp_path / "rdr")}
+    result = obs_process("run", "ok.py", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    folder = tmp_path / "rdr" / "rank_0" / "rdr"
+    (bundle,) = [p for p in folder.iterdir() if p.name.endswith("_normal_end")]
+    assert f"obs: wrote RDR bundle: {bundle}" in result.stderr
+    assert f"obs: wrote RDR marker: {folder / 'marker.json'}" in result.stderr

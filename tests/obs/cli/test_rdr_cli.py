@@ -226,3 +226,79 @@ def test_text_from_a_bundle_cannot_drive_the_terminal(tmp_path):
         assert result.returncode == 0, result.stderr
         assert "\x1b" not in result.stdout and "\\x1b" in result.stdout, argv
         assert "b[bold]x" in result.stdout, argv
+
+
+# -- a NaN under `obs run`: the bundle, what show says of it, and no obs frame anywhere ---------------------------
+NAN_SCRIPT = """import torch
+import obs
+
+
+class MakesNan(torch.nn.Module):
+    def forward(self, x):
+        return torch.log(-x.abs() - 1)
+
+
+net = torch.nn.Sequential(torch.nn.Linear(4, 4), MakesNan(), torch.nn.Linear(4, 1))
+for _ in range(3):
+    with obs.step():
+        net(torch.randn(2, 4)).sum()
+"""
+
+
+def _run_nan(tmp_path, *, mode, action):
+    config = tmp_path / "obs.json"
+    config.write_text(json.dumps({"rdr": {"enable": True, "mode": mode, "path": str(tmp_path / "rdr")},
+                                  "nan_check": {"enable": True, "action": action, "path": str(tmp_path / "dump")}}))
+    (tmp_path / "train.py").write_text(NAN_SCRIPT)
+    return obs_process("run", "--config", str(config), "train.py", cwd=tmp_path)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_a_nan_the_run_went_on_after_is_kept_and_shown(tmp_path, mode):
+    result = _run_nan(tmp_path, mode=mode, action="continue")
+    assert result.returncode == 0, result.stderr
+    (info,) = json.loads(obs_cli("rdr", "ls", str(tmp_path / "rdr"), "--json").stdout)["bundles"]
+    assert info["reason"] == "nan_inf" and info["step"] == 3
+    shown = obs_cli("rdr", "show", info["path"], "--last", "40").stdout
+    fault_row = next(line for line in shown.splitlines() if line.strip().startswith("fault "))
+    assert "nan_inf: Default/net-Sequential/1-MakesNan" in fault_row
+    event = next(line for line in shown.splitlines() if "nan_inf at " in line)
+    assert not event.rstrip(" │").endswith(":"), event  # nothing said: no dangling colon
+
+
+def _ours(path):
+    """A frame of obs's packages or runpy's: computed from the packages' own files, as obs does."""
+    import exporters
+    import obs
+    import printsink
+    import recorder
+
+    roots = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (obs, recorder, printsink, exporters))
+    return path == "<frozen runpy>" or path.startswith(roots)
+
+
+def test_under_obs_run_no_obs_frame_is_shown_and_raised_at_is_the_users(tmp_path):
+    result = _run_nan(tmp_path, mode=1, action="raise")
+    assert result.returncode == 1
+    data = json.loads(obs_cli("rdr", "show", str(tmp_path / "rdr"), "--json").stdout)
+    where = data["manifest"]["exception"]["where"]
+    assert (where["file"], where["function"]) == (str(tmp_path / "train.py"), "<module>")
+    assert not _ours(data["manifest"]["exception"]["raised_in"]["file"])
+    assert not [f["file"] for f in data["exception"]["frames"] if _ours(f["file"])]
+    main_thread = next(s for s in data["stacks"] if s["main"])
+    assert main_thread["frames"][0]["file"] == str(tmp_path / "train.py")
+    assert not [f["file"] for f in main_thread["frames"] if _ours(f["file"])]
+    shown = obs_cli("rdr", "show", str(tmp_path / "rdr")).stdout
+    raised = next(line for line in shown.splitlines() if "raised at" in line)
+    assert f"{tmp_path / 'train.py'}:13 in <module>" in raised and "nan_check.py" not in raised
+    assert "runpy" not in shown and "_run.py" not in shown and "nan_check.py" not in shown
+
+
+def test_events_of_a_step_cut_by_last_say_how_many_the_step_holds(crashed):
+    bundle = str(crashed / "rdr")
+    held = len(_lines(obs_cli("rdr", "events", bundle, "--step", "2", "--json")))
+    assert held > 3
+    cut = obs_cli("rdr", "events", bundle, "--step", "2", "--last", "3")
+    assert f"last 3 of {held} events in step 2" in cut.stdout
+    whole = obs_cli("rdr", "events", bundle, "--step", "2", "--last", str(held + 5))
+    assert f": {held} events in step 2" in whole.stdout and "last" not in whole.stdout.splitlines()[1]

@@ -210,3 +210,76 @@ def test_faulthandler_is_given_back_even_when_sys_stderr_has_no_file_descriptor(
         monkeypatch.undo()
         if not was:
             faulthandler.disable()
+
+
+# -- the bundle a recording owes when it ends -----------------------------------------------------------------------
+class _MakesNan(torch.nn.Module):
+    def forward(self, x):
+        return torch.log(-x.abs() - 1)  # NaN everywhere
+
+
+def enable_with_nan_check(tmp_path, mode):
+    path = tmp_path / "obs.json"
+    path.write_text(json.dumps({"rdr": {"enable": True, "mode": mode, "path": str(tmp_path / "out")},
+                                "nan_check": {"enable": True, "action": "continue", "path": str(tmp_path / "dump")}}))
+    obs.set_context(env_config_path=str(path))
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_a_nan_found_with_action_continue_leaves_a_bundle_named_for_it_in_every_mode(tmp_path, mode):
+    enable_with_nan_check(tmp_path, mode)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), _MakesNan(), torch.nn.Linear(4, 1))
+    for _ in range(3):
+        with obs.step():
+            net(torch.randn(2, 4)).sum()
+    assert not list_bundles(str(tmp_path / "out")).bundles  # training went on: nothing written yet
+    obs.reset_context()
+    (info,) = list_bundles(str(tmp_path / "out")).bundles  # one bundle: the fault's (mode 2: instead of normal_end)
+    b = load_bundle(info.path)
+    assert info.reason == "nan_inf" and b.manifest["fault"] == {
+        "kind": "nan_inf", "where": "Default/net-Sequential/1-_MakesNan",
+        "error": "NonFiniteError: first NaN/Inf in forward at Default/net-Sequential/1-_MakesNan (step 1, output): "
+                 "8 NaN, 0 +Inf, 0 -Inf"}
+    assert [e["fault"] for e in b.events({"fault"})] == ["nan_inf"] and info.step == 3
+    assert json.loads((rank_dir(tmp_path) / "marker.json").read_text())["dumps"] == [os.path.basename(info.path)]
+    assert not list(rank_dir(tmp_path).glob("ring_*"))  # the ring goes once its bundle is on disk
+
+
+def test_a_fault_already_in_a_bundle_is_not_written_again_at_the_end(tmp_path):
+    enable(tmp_path)
+    obs.bus.emit(obs.Event.FAULT, "nan_inf", "Default/net-Net/fc1-Linear", "4 NaN, 0 +Inf, 0 -Inf")
+    obs.rdr.dump("manual")
+    obs.reset_context()
+    assert [b.reason for b in list_bundles(str(tmp_path / "out")).bundles] == ["manual"]
+
+
+def test_what_a_fault_without_an_exception_says_is_its_error(tmp_path):
+    enable(tmp_path)
+    obs.bus.emit(obs.Event.FAULT, "nan_inf", "Default/net-Net/fc1-Linear", "4 NaN, 0 +Inf, 0 -Inf")
+    obs.reset_context()
+    (info,) = list_bundles(str(tmp_path / "out")).bundles
+    b = load_bundle(info.path)
+    assert b.manifest["fault"]["error"] == "4 NaN, 0 +Inf, 0 -Inf"
+    assert b.events({"fault"})[0]["error"] == "4 NaN, 0 +Inf, 0 -Inf"
+
+
+@pytest.mark.parametrize("mode,reasons", [(1, []), (2, ["normal_end"])])
+def test_reset_context_ends_the_recording_as_the_process_end_would(tmp_path, mode, reasons):
+    enable(tmp_path, mode=mode)
+    train()
+    obs.reset_context()  # torchrun and mp.spawn scripts clean up this way
+    assert [b.reason for b in list_bundles(str(tmp_path)).bundles] == reasons
+    if reasons:
+        assert load_bundle(str(rank_dir(tmp_path))).manifest["step"] == 3
+
+
+def test_the_env_config_file_turning_a_mode_2_recorder_off_keeps_its_normal_end_bundle(tmp_path, monkeypatch):
+    monkeypatch.setattr(env_feature, "debounce_s", 0.05)
+    path = enable(tmp_path, mode=2)
+    train()
+    path.write_text(json.dumps({"rdr": {"enable": False, "path": str(tmp_path / "out")}}))
+    assert env_feature.wait_staged(lambda cfg: cfg.values["rdr"]["enable"] is False, 10)
+    with obs.step():  # the reload is applied at a step boundary
+        pass
+    assert obs.rdr.recorder() is None
+    assert [b.reason for b in list_bundles(str(tmp_path)).bundles] == ["normal_end"]

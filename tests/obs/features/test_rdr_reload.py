@@ -13,6 +13,7 @@ import torch
 import obs
 from obs._core.internal import internal_error_counts
 from obs.features.env_config import feature as env_feature
+from recorder.bundle_reader import list_bundles
 from recorder.layout import Kind
 from recorder.ring_reader import read_ring
 from recorder.signals import relay
@@ -85,7 +86,12 @@ def test_1000_reloads_switch_the_recorder_and_every_step_is_recorded_by_exactly_
     assert internal_error_counts() == errors_before
     assert len(recorders) > 300  # path changes and on/off restart it; mode changes retune it
     assert sum(len(steps) for steps in owned.values()) == sum(1 for i in range(1000) if variants[i % 6]["enable"])
-    assert not os.path.exists(a) and not os.path.exists(b)  # clean exits with nothing to report leave nothing
+    assert not os.path.exists(a)  # clean exits with nothing to report leave nothing; a restart reports nothing
+    # turning off a mode 2 recorder (the file, reset_context at the end) ends its recording normally: one
+    # normal_end bundle each time, and nothing else
+    last = variants[999 % 6]
+    offs = sum(1 for i in range(1000) if variants[i % 6] == variants[4]) + (last["enable"] and last["mode"] == 2)
+    assert [info.reason for info in list_bundles(b).bundles] == ["normal_end"] * offs
 
 
 def test_200_reloads_of_granularity_recorder_and_signal_settings_keep_manifests_true(tmp_path, monkeypatch):
