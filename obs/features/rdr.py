@@ -78,6 +78,7 @@ class RdrFeature:
         self._lock = threading.RLock()
         self.recorder: Recorder | None = None
         self.triggers: Triggers | None = None
+        self._notice: Any = None  # what the recorder cannot see inside compiled code, said at the first compile
         self._run_id_known = True
         env_feature.feature.listeners.append(self.sync)
 
@@ -127,6 +128,13 @@ class RdrFeature:
                                  versions=_versions(), rank_known=_rank_known())
         if config.granularity != "off":  # collectives are recorded: those PyTorch issued from C++ too
             self.recorder.amend_files = _flight_recorder_collectives
+        if config.granularity in ("module", "op"):
+            from obs.features.compiled_notice import CompiledNotice
+
+            self._notice = CompiledNotice("the Running Data Recorder", (
+                "a compiled module is recorded as one module (the modules inside it run inside its graphs)"
+                + ("; the ops its graphs still run one by one are recorded, Inductor's fused kernels are not"
+                   if config.granularity == "op" else "")))
         self.triggers = Triggers(self.recorder, mode=config.mode, op_timeout=config.op_timeout,
                                  hang_action=config.hang_action).install()
         if (not self.recorder.rank_known or not self._run_id_known) and self.check_rank not in tracker.at_boundary:
@@ -186,6 +194,9 @@ class RdrFeature:
         if self.recorder is not None:
             self.recorder.close(clean_exit=True)
             self.recorder = None
+        if self._notice is not None:
+            self._notice.remove()
+            self._notice = None
         self._unhook_rank_check()
         if not keep_signals and "recorder.signals" in sys.modules:
             # Only on the main thread; elsewhere the relay stays, with no recorder behind it.

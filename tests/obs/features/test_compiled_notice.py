@@ -1,0 +1,34 @@
+"""A feature that sees less inside compiled code says so once, at the first compile, and not without one."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import torch
+
+import obs
+from obs.features import compiled_notice
+
+
+def test_each_feature_says_once_what_it_cannot_see_in_compiled_code(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(compiled_notice, "_said", set())
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"nan_check": {"enable": True, "path": str(tmp_path)},
+                               "exception_dump": {"enable": True, "path": str(tmp_path)},
+                               "rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
+    obs.set_context(env_config_path=str(cfg))
+    model = torch.nn.Linear(4, 2)
+    with caplog.at_level(logging.WARNING, logger="obs"):
+        model(torch.randn(2, 4)).sum().backward()  # eager: nothing to say
+        assert not caplog.records
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager")
+        for _ in range(2):
+            compiled(torch.randn(2, 4)).sum().backward()
+        torch._dynamo.reset()
+        torch.compile(torch.nn.Linear(4, 2), backend="aot_eager")(torch.randn(2, 4))  # a second compile
+    said = [r.getMessage() for r in caplog.records]
+    assert sorted(m.split(" with torch.compile")[0] for m in said) == [
+        "obs: exception_dump", "obs: the NaN/Inf check", "obs: the Running Data Recorder"]
+    assert all("compiled module" in m for m in said)
