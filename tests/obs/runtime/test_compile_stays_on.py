@@ -55,6 +55,10 @@ FEATURES: dict[str, Callable[[Any], None]] = {
     "rdr module": lambda d: env_file(d, {"rdr": {"enable": True, "path": str(d)}}),
     "rdr op": lambda d: env_file(d, {"rdr": {"enable": True, "path": str(d), "granularity": "op"}}),
     "print to file": lambda d: obs.set_context(print_file_path=str(d / "print.pb")),
+    "profiler task_trace": lambda d: obs.set_context(enable_profiling=True, profiling_options=json.dumps(
+        {"output": str(d / "prof"), "task_trace": "on"})),
+    "profiler op_trace": lambda d: obs.set_context(enable_profiling=True, profiling_options=json.dumps(
+        {"output": str(d / "prof"), "task_trace": "on", "op_trace": "on"})),
     "everything": lambda d: (env_file(d, {
         **dump(d), "nan_check": {"enable": True, "granularity": "op", "path": str(d)},
         "exception_dump": {"enable": True, "path": str(d)},
