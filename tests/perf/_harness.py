@@ -123,6 +123,20 @@ def report(title: str, results: dict[str, dict[str, float]], baseline: str, out:
     return data
 
 
+def env_config_variant(tmp: str, name: str, body: dict[str, Any]) -> Setup:
+    """A variant that turns obs on through an env config file holding ``body`` (written under ``tmp`` as
+    ``{name}.json``); its teardown is ``obs.reset_context``."""
+    def setup() -> Callable[[], None]:
+        import obs
+
+        path = os.path.join(tmp, f"{name}.json")
+        with open(path, "w") as fh:
+            json.dump(body, fh)
+        obs.set_context(env_config_path=path)
+        return obs.reset_context
+    return setup
+
+
 def pin_to_one_core() -> None:
     """Run on one core (the last one: the first tends to take the interrupts)."""
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})

@@ -30,19 +30,13 @@ STEPS_PER_ROUND = 12
 
 def make_variants(tmp: str) -> dict[str, object]:
     """Each variant's setup (returns its teardown); files go under ``tmp``."""
-    import obs
+    from _harness import env_config_variant
 
     def plain():
         return lambda: None
 
     def with_config(name: str, body: dict) -> object:
-        def setup():
-            path = os.path.join(tmp, f"{name}.json")
-            with open(path, "w") as fh:
-                json.dump(body, fh)
-            obs.set_context(env_config_path=path)
-            return obs.reset_context
-        return setup
+        return env_config_variant(tmp, name, body)
 
     statistic = {"dump": {"common_dump_settings": {
         "dump_mode": 0, "path": os.path.join(tmp, "dump"), "net_name": "Net", "iteration": "all",
