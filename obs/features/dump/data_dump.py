@@ -12,7 +12,8 @@ themselves (GRAPH_STATS: statistics only, one output row per node, after the ste
 scope, the op type in CamelCase and its index in the step (``Default/net-Net/fc1-Linear/Addmm-op3``);
 ops run by autograd in backward are under ``Gradients/``.  Eager PyTorch has one graph: id 0.
 Iteration N is the N-th step (from ``initial_iteration``).  Statistics are computed when the op
-returns (later in-place writes cannot change them) and statistic.csv is written at the step's end.
+returns (later in-place writes cannot change them); a tensor the op itself writes in place is recorded as
+its input as it was before the op (the op interceptor copies it in dumped steps) and statistic.csv is written at the step's end.
 Steps outside ``iteration`` cost one flag test per op.  Slots follow argument positions: a
 non-tensor argument leaves a gap, as in the original.  The outputs of ops that return uninitialised
 memory (``empty_like``: garbage that differs from run to run) are not dumped; the op that fills such a
@@ -50,6 +51,7 @@ from obs.features.dump._rows import Op, StatisticRows, each_tensor
 from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
 from obs.features.dump.graph_rows import columns_for, graph_rows
 from obs.runtime.steps import tracker
+from obs.runtime.torch import _ops
 from obs.settings.dump_config import DumpConfig
 from obs.settings.parallel import rank
 
@@ -168,6 +170,9 @@ class DataDump:
         self._active = value
         if self._native is not None:
             self._native.active = value
+        # an in-place op's rows: its input as before the op wrote it, its output as after (the op interceptor
+        # copies both in dumped steps; the tensor's version is bumped only after the op, too late for the rows' cache)
+        _ops.inputs_before_writes = value
 
     @property
     def _count(self) -> int:
@@ -182,6 +187,7 @@ class DataDump:
 
     def remove(self) -> None:
         demands.graph_stats.pop(self, None)
+        _ops.inputs_before_writes = False
         for sub in self._subs:
             sub.remove()
         self._subs = []

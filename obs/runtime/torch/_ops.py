@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from obs._core.events import Event, bus
-from obs._core.internal import SUPPRESSION, report_internal_error
+from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 
 __all__ = ["OpInterceptor"]
 
@@ -28,6 +29,43 @@ def _emit(name: str, args: Any, kwargs: Any, duration_ns: int, error: BaseExcept
 
 #: Called as ``hook(error, "op", name, args, kwargs)`` when an aten op raises.
 failure_hooks: tuple[Any, ...] = ()
+
+#: While true (the data dump records inputs in a dumped step), the tensors an op writes in place are handed to
+#: OP_OUTPUT handlers as they were before the op (copies): an in-place op's input is not its output.  Its output is
+#: handed as a copy too: the version counter of a tensor written in place is bumped only after this mode returns,
+#: so a handler keying what it read by tensor and version would take the output for the input it already read.
+inputs_before_writes = False
+_written: dict[Any, tuple[int, ...]] = {}  # op -> positions of the arguments it writes in place
+
+
+def _written_positions(func: Any) -> tuple[int, ...]:
+    found = _written.get(func)
+    if found is None:
+        found = _written[func] = tuple(
+            i for i, a in enumerate(func._schema.arguments)
+            if not a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+    return found
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy(v) for v in value) if isinstance(value, tuple) else [_copy(v) for v in value]
+    return value
+
+
+def _before_writes(func: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``args`` with each tensor the op writes in place copied (None when it writes none)."""
+    positions = _written_positions(func)
+    if not positions:
+        return None
+    copied = list(args)
+    for i in positions:
+        if i < len(copied):
+            value = copied[i]
+            copied[i] = _copy(value)
+    return tuple(copied)
 
 
 class OpInterceptor(TorchDispatchMode):
@@ -45,6 +83,11 @@ class OpInterceptor(TorchDispatchMode):
         if SUPPRESSION.depth:
             return func(*args, **kwargs)
         name = func.__name__
+        seen, before = args, None
+        if inputs_before_writes:
+            with suppressed():
+                before = _before_writes(func, args)
+            seen = before or args
         start = time.perf_counter_ns()
         try:
             out = func(*args, **kwargs)
@@ -60,9 +103,13 @@ class OpInterceptor(TorchDispatchMode):
                 bus.emit(Event.FAULT, "op_error", name, exc)
             raise
         _emit(name, args, kwargs, time.perf_counter_ns() - start, None)
+        shown = out
+        if before is not None:
+            with suppressed():
+                shown = _copy(out)
         for handler in bus.handlers(Event.OP_OUTPUT):
             try:
-                handler(name, args, kwargs, out)
+                handler(name, seen, kwargs, shown)
             except Exception as exc:  # noqa: BLE001 - reported; a handler's bug must not break the op
                 report_internal_error("OP_OUTPUT handler", exc)
         return out

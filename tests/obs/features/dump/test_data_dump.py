@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -387,3 +388,35 @@ def test_a_dump_folder_removed_during_the_run_is_made_again(tmp_path):
     order = tmp_path / "dump" / "rank_0" / "execution_order"
     assert (order / "ms_global_execution_order_graph_0.csv").read_text() == "2\n"
     assert (order / "ms_execution_order_graph_0.csv").read_text().startswith("NodeExecutionOrder-FullNameWithScope\n")
+
+
+@pytest.mark.parametrize("input_output", [0, 2])
+def test_an_in_place_op_is_dumped_with_its_input_before_and_its_output_after(tmp_path, input_output):
+    """A user's run: buf.add_(5.0) on zeros was dumped with output max 0.0, SGD's w.add_ with the old weights."""
+    class InPlace(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4))
+
+        def forward(self):
+            buf = torch.zeros(3)
+            buf.add_(5.0)
+            return (self.w * 2).sum() + buf.sum()
+
+    cfg = settings(tmp_path, saved_data="statistic", input_output=input_output)
+    path = tmp_path / "env.json"
+    path.write_text(json.dumps({"dump": cfg}))
+    obs.set_context(env_config_path=str(path))
+    net = InPlace()
+    opt = torch.optim.SGD(net.parameters(), lr=0.5, foreach=False)
+    net().backward()
+    opt.step()
+    obs.reset_context()
+    with open(tmp_path / "dump" / "rank_0" / "Net" / "0" / "0" / "statistic.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["Op Type"] == "Add"]
+    maxima = [(r["Op Name"].rsplit("-", 1)[0], r["IO"], r["Slot"], float(r["Max Value"])) for r in rows]
+    buf = [m[1:] for m in maxima if m[0] == "Default_net-InPlace_Add"]
+    sgd = [m[1:] for m in maxima if m[0] == "Default_Add"]
+    if input_output == 0:
+        assert ("input", "0", 0.0) in buf and ("input", "0", 1.0) in sgd
+    assert ("output", "0", 5.0) in buf and ("output", "0", 0.0) in sgd  # w = 1 - 0.5 * 2
