@@ -55,16 +55,12 @@ def _copy(value: Any) -> Any:
     return value
 
 
-def _before_writes(func: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """``args`` with each tensor the op writes in place copied (None when it writes none)."""
-    positions = _written_positions(func)
-    if not positions:
-        return None
+def _before_writes(args: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[Any, ...]:
+    """``args`` with the tensors at ``positions`` (those the op writes in place) copied."""
     copied = list(args)
     for i in positions:
         if i < len(copied):
-            value = copied[i]
-            copied[i] = _copy(value)
+            copied[i] = _copy(copied[i])
     return tuple(copied)
 
 
@@ -84,10 +80,13 @@ class OpInterceptor(TorchDispatchMode):
             return func(*args, **kwargs)
         name = func.__name__
         seen, before = args, None
-        if inputs_before_writes:
-            with suppressed():
-                before = _before_writes(func, args)
-            seen = before or args
+        if inputs_before_writes:  # a dict lookup per op; copies only for the ops that write in place
+            positions = _written.get(func)
+            if positions is None:
+                positions = _written_positions(func)
+            if positions:
+                with suppressed():
+                    seen = before = _before_writes(args, positions)
         start = time.perf_counter_ns()
         try:
             out = func(*args, **kwargs)
