@@ -29,7 +29,9 @@ def _parse_set(text: str) -> tuple[str, Any]:
 
 
 def _settings_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="env config JSON (rdr/sys sections), i.e. "
+    from obs.settings.env_config import SECTIONS
+
+    parser.add_argument("--config", metavar="FILE", help=f"env config JSON (sections {', '.join(SECTIONS)}), i.e. "
                         "set_context(env_config_path=FILE); default: $OBS_CONFIG")
     parser.add_argument("--set", dest="sets", metavar="KEY=VALUE", action="append", type=_parse_set, default=[],
                         help="a set_context key (repeatable); VALUE is read as JSON when it is JSON, e.g. "
