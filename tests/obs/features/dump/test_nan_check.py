@@ -66,6 +66,17 @@ def captures(tmp_path):
     return sorted(root.iterdir()) if root.exists() else []
 
 
+def the_capture(tmp_path, call, **section):
+    """Run ``call`` with the check armed (``section``), then the one capture's folder and its meta.json."""
+    arm(tmp_path, **section)
+    try:
+        call()
+    finally:
+        obs.reset_context()
+    [folder] = captures(tmp_path)
+    return folder, json.loads((folder / "meta.json").read_text())
+
+
 def train_step(net, opt=None):
     opt = opt or torch.optim.SGD(net.parameters(), lr=0.1)
     loss = net(torch.randn(3, 4)).sum()
@@ -204,46 +215,27 @@ class Pair(torch.nn.Module):
 
 
 def test_an_output_is_labelled_as_an_output_and_inputs_as_arguments(tmp_path):
-    arm(tmp_path, backward=False)
-    try:
-        Poison(forward_nan=True)(torch.randn(3, 4))
-    finally:
-        obs.reset_context()
-    [folder] = captures(tmp_path)
-    meta = json.loads((folder / "meta.json").read_text())
+    _, meta = the_capture(tmp_path, lambda: Poison(forward_nan=True)(torch.randn(3, 4)), backward=False)
     assert meta["where"] == "output" and "output)" in meta["message"]
     assert [o["arg"] for o in meta["outputs"]] == ["output"] and [i["arg"] for i in meta["inputs"]] == ["args[0]"]
 
 
 def test_the_bad_element_of_a_tuple_output_is_named_by_its_index(tmp_path):
-    arm(tmp_path, backward=False)
-    try:
-        Pair()(torch.randn(3, 4))
-    finally:
-        obs.reset_context()
-    [folder] = captures(tmp_path)
-    meta = json.loads((folder / "meta.json").read_text())
+    folder, meta = the_capture(tmp_path, lambda: Pair()(torch.randn(3, 4)), backward=False)
     assert meta["where"] == "output[1]" and [o["arg"] for o in meta["outputs"]] == ["output[1]"]
     assert np.isnan(np.load(folder / "outputs.0.npy")).all()
 
 
 def test_op_granularity_labels_the_op_output_as_an_output(tmp_path):
-    arm(tmp_path, granularity="op", backward=False)
-    try:
-        Poison(forward_nan=True)(torch.randn(3, 4))
-    finally:
-        obs.reset_context()
-    [folder] = captures(tmp_path)
-    meta = json.loads((folder / "meta.json").read_text())
+    _, meta = the_capture(tmp_path, lambda: Poison(forward_nan=True)(torch.randn(3, 4)), granularity="op",
+                          backward=False)
     assert (meta["op"], meta["where"]) == ("log.default", "output")
     assert [o["arg"] for o in meta["outputs"]] == ["output"] and [i["arg"] for i in meta["inputs"]] == ["args[0]"]
 
 
 def test_a_compiled_model_with_an_output_no_loss_uses_trains_under_the_module_check(tmp_path, native_path):
     """Its backward hands the unused output's gradient hook None (nanoGPT returns logits and loss)."""
-    cfg = tmp_path / "nan.json"
-    cfg.write_text(json.dumps({"nan_check": {"enable": True, "path": str(tmp_path)}}))
-    obs.set_context(env_config_path=str(cfg))
+    arm(tmp_path)
 
     class TwoOutputs(torch.nn.Module):
         def __init__(self):

@@ -106,11 +106,8 @@ def test_graph_dumps_add_nothing_after_compilation(tmp_path, capsys):
     records: list[str] = []
     with obs.subscribe(Event.COMPILE_RECORD, lambda cid, kind, meta, payload: records.append(kind)):
         train(batches=(2,))
-        compiled_at = len(records)
+        assert records
         written = len(list(tmp_path.iterdir()))
-        train_more = torch.compile(Breaks(), backend="aot_eager")
-        del train_more
-        assert compiled_at > 0
     # the same compiled model run again: no record, no file
     torch._dynamo.reset()
     model = Breaks()
