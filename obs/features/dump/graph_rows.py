@@ -20,8 +20,8 @@ from obs.features.graphs.describe import scope_parts
 
 __all__ = ["NONFINITE", "GraphRow", "columns_for", "graph_rows"]
 
-#: the graph columns each statistic category needs (obs.runtime.torch._graph_taps.COLUMNS)
-CATEGORY_COLUMNS = {"max": ("max",), "min": ("min",), "avg": ("sum", "finite"), "l2norm": ("l2norm",),
+#: statistic category -> the graph columns it needs (obs.runtime.torch._graph_taps.COLUMNS); not the csv columns
+GRAPH_COLUMNS_OF = {"max": ("max",), "min": ("min",), "avg": ("sum", "finite"), "l2norm": ("l2norm",),
                     "nan count": ("nan",), "positive inf count": ("pos_inf",), "negative inf count": ("neg_inf",),
                     "zero count": ("zero",), "count": ()}
 NONFINITE = ("nan", "pos_inf", "neg_inf")
@@ -29,7 +29,7 @@ NONFINITE = ("nan", "pos_inf", "neg_inf")
 
 def columns_for(categories: Sequence[str]) -> frozenset[str]:
     """The graph columns the data dump's ``categories`` need (others, hashes and signed zeros, stay empty)."""
-    return frozenset(c for category in categories for c in CATEGORY_COLUMNS.get(category, ()))
+    return frozenset(c for category in categories for c in GRAPH_COLUMNS_OF.get(category, ()))
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ class GraphRow:
                 out.append(v["sum"] / v["finite"] if v["finite"] else None)
             elif c == "count":
                 out.append(math.prod(self.shape))
-            elif c in CATEGORY_COLUMNS and CATEGORY_COLUMNS[c][0] in v:
-                value = v[CATEGORY_COLUMNS[c][0]]
+            elif c in GRAPH_COLUMNS_OF and GRAPH_COLUMNS_OF[c][0] in v:
+                value = v[GRAPH_COLUMNS_OF[c][0]]
                 out.append(value if c == "l2norm" else int(value))
             else:
                 out.append(None)

@@ -108,6 +108,9 @@ class NanCheck:
         self._demand: Any = None
         self._lock = threading.Lock()
         self._graph_root = "Default"  # the scope of the compiled module whose forward graph ran last
+        from obs.settings._context import get_context
+
+        self._keep_class = bool(get_context("reserve_class_name_in_scope"))  # as the module wrapper's scopes
 
     def install(self) -> NanCheck:
         self._demand = tracker.require("NaN/Inf check")  # findings name their step; one report per step
@@ -272,7 +275,7 @@ class NanCheck:
             return
         if self.done or self._step_reported == tracker.step or (spec.get("backward") and not self.backward):
             return
-        for row in graph_rows(spec, rows, self._graph_root, True):
+        for row in graph_rows(spec, rows, self._graph_root, self._keep_class):
             counts = row.nonfinite
             if any(counts):
                 phase = "backward" if spec.get("backward") else "forward"

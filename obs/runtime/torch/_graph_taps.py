@@ -33,7 +33,7 @@ from obs._core.demands import demands
 from obs._core.events import Event, bus
 from obs._core.internal import report_internal_error, suppressed
 
-__all__ = ["COLUMNS", "GraphStatsPass", "specs"]
+__all__ = ["COLUMNS", "GraphStatsPass", "listen", "wanted"]
 
 #: the reductions a tapped output can have, in the order of GRAPH_STATS' values (``spec["columns"]`` says which)
 COLUMNS = ("max", "min", "sum", "finite", "l2norm", "nan", "pos_inf", "neg_inf", "zero")
@@ -41,12 +41,6 @@ _VERSION = "obs-graph-stats-1"
 _lock = threading.Lock()
 _specs: list[dict[str, Any]] = []  # spec id -> what the rows of that graph's tensor are
 _listening = [False]
-
-
-def specs() -> list[dict[str, Any]]:
-    """Every graph's spec so far (tests, readers)."""
-    with _lock:
-        return list(_specs)
 
 
 @torch.library.custom_op("obs::graph_stats", mutates_args=())
