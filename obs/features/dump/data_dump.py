@@ -61,7 +61,7 @@ logger = logging.getLogger("obs")
 
 GRAPH_ID = 0
 ORDER_HEADER = "NodeExecutionOrder-FullNameWithScope"
-_NOT_OPS = ("_record_function", "graph_stats", "graph_begins", "print_values")  # profiler notes, obs's own ops
+_NOT_OPS = ("_record_function",)  # the optimizer's profiler annotations, not computations
 current_node = torch._C._current_autograd_node
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
