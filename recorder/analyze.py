@@ -10,7 +10,8 @@ Pure: a folder of ``rank_{r}/rdr`` trees in, an :class:`Analysis` out (the CLI r
   ran a different op, size or dtype) is a :class:`Mismatch`, with the ranks on each side (the
   smaller side is the culprit; a tie names both).  A rank whose bundle is a snapshot it went on
   after (a hang or manual dump) is not counted missing from collectives begun after it.
-* Stragglers: ranks behind the furthest rank in step or in the world group's sequence.
+* Stragglers: ranks behind the furthest rank in step or in the world group's sequence, and ranks the others
+  wait for at every collective, lined up by arrival (:mod:`recorder.arrival`), with the phase their time went to.
 * Ranks that died without dumping (their rings recovered by ``obs rdr recover``: SIGKILL, the OOM killer): the
   first cause when the records agree, as when the launcher stopped the others before they waited on the dead one.
 * Ranks that raised, and whether in their own code (a first cause) or inside a collective that
@@ -26,14 +27,18 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from obs._core import safe_files
+from recorder.arrival import PHASE_LABELS, Lineup, RankTimeline, line_up, timeline_from_events
 from recorder.bundle_reader import BAD_FILE, BundleInfo, list_bundles, load_bundle, parse_json
 from recorder.collective_desc import parse_collective_desc
 from recorder.recover import near
+from recorder.stacks import is_hidden, is_library, is_wrapper
 
 __all__ = ["Analysis", "CollectiveRecord", "Mismatch", "RankState", "Straggler", "analyze"]
 
 _NAN_FAULTS = ("nan_inf",)  # the FAULT kind of obs.dump's NaN/Inf check
-_SNAPSHOTS = ("hang", "manual")  # dump reasons after which the rank goes on (the others end it)
+#: dump reasons after which the rank goes on (the others end it): a hang, obs.rdr.dump(), obs rdr snapshot, a peer's
+#: hang request (recorder.requests)
+_SNAPSHOTS = ("hang", "manual", "snapshot", "peer_hang")
 _FOREVER = 1 << 63
 _MAX_RANKS = 1 << 16  # a rank or world size beyond this in a file is damage, not a job
 _SEND, _RECV = frozenset({"send", "isend"}), frozenset({"recv", "irecv"})
@@ -78,6 +83,8 @@ class RankState:
     raised_in_collective: bool = False
     last_collective: CollectiveRecord | None = None
     note: str | None = None  #: why there is no bundle (from the marker), or what else there is to know
+    #: the innermost frame of the user's code on its main thread when it dumped (``file:line in function``)
+    where: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,9 +104,16 @@ class Mismatch:
 
 @dataclass(frozen=True)
 class Straggler:
+    """A rank behind the furthest one in step or world-group collectives when the bundles were taken, or one the
+    others waited for at every step (``lateness_s``: its median lateness per step at the collectives lined up;
+    ``phase``: where its extra time went, ``phase_excess_s`` per step against the other ranks; recorder.arrival)."""
+
     rank: int
     behind_steps: int
     behind_collectives: int
+    lateness_s: float | None = None
+    phase: str | None = None
+    phase_excess_s: float | None = None
 
 
 @dataclass
@@ -120,6 +134,7 @@ class Analysis:
     culprits: list[int] = field(default_factory=list)
     verdict: str = ""
     other_runs: list[str] = field(default_factory=list)
+    lineup: Lineup = field(default_factory=Lineup)  #: every rank lined up per collective (recorder.arrival)
     problems: list[str] = field(default_factory=list)  #: bundles or markers that could not be read
 
     @property
@@ -147,16 +162,17 @@ def analyze(root: str) -> Analysis:
     for ring in listing.rings:
         rings[_rank_of_folder(ring.path)].append(os.path.basename(ring.path))
 
-    ranks, timelines, world, faults, unreadable = [], {}, 1, [], {}
+    ranks, timelines, world, faults, unreadable, arrivals = [], {}, 1, [], {}, []
     for rank, info in sorted(newest.items()):
         try:
-            state, timeline, size, fault = _read_rank(rank, info)
+            state, timeline, size, fault, arrival = _read_rank(rank, info)
         except BAD_FILE as exc:
             problems.append(str(exc))
             unreadable[rank] = f"its newest bundle cannot be read: {exc}"
             continue
         ranks.append(state)
         timelines[rank] = timeline
+        arrivals.append(arrival)
         world = max(world, size if _is_rank(size) else 1)
         faults += fault
     for marker in markers.values():
@@ -174,7 +190,8 @@ def analyze(root: str) -> Analysis:
     # a snapshot (a rank that went on after dumping) cannot tell about collectives begun after it was taken
     taken = {r: newest[r].created_ns if newest[r].reason in _SNAPSHOTS else _FOREVER for r in timelines}
     out.mismatches = _mismatches(timelines, world, taken, {s.rank: s.step for s in ranks if s.bundle})
-    out.stragglers = _stragglers(ranks, timelines)
+    out.lineup = line_up(arrivals)
+    out.stragglers = _stragglers(ranks, timelines, out.lineup)
     out.raised = [s.rank for s in ranks if s.exception]
     out.died = [s.rank for s in ranks if s.recovered]
     out.nan = min(faults, key=lambda f: (f["step"], f["t"])) if faults else None
@@ -227,13 +244,18 @@ def _why_no_bundle(marker: dict[str, Any] | None, rings: list[str] | None, run_i
     return f"no bundle; its marker says {state!r}"
 
 
-def _read_rank(rank: int, info: BundleInfo) -> tuple[RankState, dict[str, dict[int, CollectiveRecord]], int | None,
-                                                   list[dict[str, Any]]]:
+def _read_rank(rank: int, info: BundleInfo) -> tuple[RankState, dict[str, dict[int, CollectiveRecord]], Any,
+                                                   list[dict[str, Any]], RankTimeline]:
     bundle = load_bundle(info.path)
     timeline: dict[str, dict[int, CollectiveRecord]] = defaultdict(dict)
     faults: list[dict[str, Any]] = []
     last: CollectiveRecord | None = None
-    for event in bundle.select({"collective", "fault"}):
+    times: list[dict[str, Any]] = []  # what recorder.arrival lines up: collectives, phases, step marks
+    for event in bundle.select({"collective", "fault", "phase", "step_begin", "step_end"}):
+        if event["kind"] != "fault":
+            times.append(event)
+            if event["kind"] != "collective":
+                continue
         if event["kind"] == "fault":
             if event.get("fault") in _NAN_FAULTS:
                 faults.append({"rank": rank, "step": _int(event.get("step")), "t": event["t"],
@@ -253,8 +275,10 @@ def _read_rank(rank: int, info: BundleInfo) -> tuple[RankState, dict[str, dict[i
     text = f"{exc.get('type')}: {exc.get('message')}" if exc else None
     in_collective = bool(exc) and last is not None and last.state == "failed"
     state = RankState(rank, info.path, info.reason, info.step, bundle.manifest.get("host"), info.pid, info.recovered,
-                      info.run_id, text, in_collective, last)
-    return state, dict(timeline), bundle.manifest.get("world_size"), faults
+                      info.run_id, text, in_collective, last, where=_main_where(bundle.stacks))
+    host = bundle.manifest.get("host")
+    return state, dict(timeline), bundle.manifest.get("world_size"), faults, \
+        timeline_from_events(rank, host if isinstance(host, str) else "", times)
 
 
 def _members(group: str, records: dict[int, CollectiveRecord], world: int) -> list[int]:
@@ -333,15 +357,22 @@ def _passed(seq: int, step: int | None, records: dict[int, CollectiveRecord], ra
     return any(q > seq for q in records) or (step is not None and rank_step is not None and rank_step > step)
 
 
-def _stragglers(ranks: list[RankState], timelines: dict[int, dict[str, dict[int, CollectiveRecord]]]) \
-        -> list[Straggler]:
+def _stragglers(ranks: list[RankState], timelines: dict[int, dict[str, dict[int, CollectiveRecord]]],
+                lineup: Lineup) -> list[Straggler]:
     steps = {s.rank: s.step or 0 for s in ranks if s.bundle}
     seqs = {r: max(t.get("default", {0: None})) for r, t in timelines.items()}
     if len(steps) < 2:
         return []
     top_step, top_seq = max(steps.values()), max(seqs.values(), default=0)
-    out = [Straggler(r, top_step - steps[r], top_seq - seqs.get(r, 0)) for r in sorted(steps)
-           if top_step - steps[r] > 0 or top_seq - seqs.get(r, 0) > 0]
+    late = {x.rank: x for x in lineup.stragglers}
+    out = []
+    for r in sorted(steps):
+        behind = (top_step - steps[r], top_seq - seqs.get(r, 0))
+        x = late.get(r)
+        if x is not None:
+            out.append(Straggler(r, *behind, x.score_s, x.phase, x.phases[x.phase] if x.phase else None))
+        elif behind[0] > 0 or behind[1] > 0:
+            out.append(Straggler(r, *behind))
     return out
 
 
@@ -363,7 +394,7 @@ def _verdict(out: Analysis) -> None:
             out.verdict += f"; {out.mismatches[0].detail}"
     elif out.mismatches:
         out.culprits = out.mismatches[0].culprits
-        out.verdict = out.mismatches[0].detail
+        out.verdict = out.mismatches[0].detail + _culprits_where(out)
     elif out.nan is not None:
         out.culprits = [out.nan["rank"]]
         out.verdict = f"rank {out.nan['rank']} saw the first NaN/Inf at step {out.nan['step']} ({out.nan['detail']})"
@@ -384,8 +415,45 @@ def _verdict(out: Analysis) -> None:
     elif out.raised:
         out.culprits = list(out.raised)
         out.verdict = f"rank(s) {_ranks(out.raised)} failed in a collective"
+    elif late := [s for s in out.stragglers if s.lateness_s is not None]:
+        out.culprits = [s.rank for s in late]
+        out.verdict = "; ".join(_late_text(s) for s in late) + \
+            f"; the {len(out.ranks)} rank(s) agree on every collective on record"
     else:
         out.verdict = f"consistent: {len(out.ranks)} rank(s) agree on every collective on record"
+
+
+def _main_where(stacks: list[dict[str, Any]]) -> str | None:
+    """The innermost frame of the user's own code (not obs's, not a library's) on the main thread of a bundle's
+    stacks, as ``file:line in function``; None when the main thread has none."""
+    main = next((s for s in stacks if s.get("main") is True), None)
+    if main is None:
+        return None
+    mine = [f for f in main["frames"] if not (is_hidden(f["file"]) or is_wrapper(f["file"]) or is_library(f["file"]))]
+    if not mine:
+        return None
+    f = mine[-1]
+    return f"{f['file']}:{f.get('line')} in {f['function']}"
+
+
+def _culprits_where(out: Analysis) -> str:
+    """``; rank 1 is at train.py:42 in spin`` for each culprit whose bundle is a snapshot it went on after (its stacks
+    show where it was while the others waited; an ending's stacks show where it ended)."""
+    said = ""
+    for s in out.ranks:
+        if s.rank in out.culprits and s.where and s.reason in _SNAPSHOTS:
+            head, _, function = s.where.rpartition(" in ")
+            file, _, line = head.rpartition(":")
+            said += f"; rank {s.rank} is at {os.path.basename(file)}:{line} in {function}"
+    return said
+
+
+def _late_text(s: Straggler) -> str:
+    where = f", its extra time in {PHASE_LABELS.get(s.phase, s.phase)} (+{s.phase_excess_s * 1e3:.1f} ms per step " \
+        "against the others)" \
+        if s.phase and s.phase_excess_s is not None else ""
+    return (f"rank {s.rank} is a straggler: the others wait for it {(s.lateness_s or 0) * 1e3:.1f} ms per step at "
+            f"collectives{where}")
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -3,7 +3,7 @@
 Recording is O(1) per event and does no I/O: each handler interns its strings (once per
 distinct string) and packs one slot into the shared map.  ``granularity`` decides which
 events are subscribed at all: ``off`` (faults, prints, settings, graphs only), ``step`` (+ steps,
-memory, collectives), ``module`` (+ module enter/exit), ``op`` (+ every aten op).
+phases, memory, collectives), ``module`` (+ module enter/exit), ``op`` (+ every aten op).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
 from recorder.graph_texts import remove_graphs, write_graph
-from recorder.layout import DEFAULT_CAPACITY, Kind
+from recorder.layout import DEFAULT_CAPACITY, PHASE_CODES, Kind
+from recorder.now import now
 from recorder.ring import RingWriter
 from recorder.ring_handlers import RingSubscriptions
 from recorder.ring_reader import RingContents, read_ring
@@ -161,6 +162,9 @@ class Recorder:
                 other = stats.get("reserved_bytes.all.current", stats.get("vms_bytes", 0))
                 memory(Kind.MEMORY, 0, intern(str(stats.get("device", "?"))), number, int(used), int(other))
 
+            def on_phase(name: str, begin_ns: int, end_ns: int) -> None:
+                step(Kind.PHASE, 0, PHASE_CODES.get(name, 9), self.step, begin_ns, end_ns)
+
             def on_collective(record: dict[str, Any]) -> None:
                 desc = intern(collective_desc(record))
                 state = COLLECTIVE_STATES.index(record.get("state", "completed"))
@@ -171,6 +175,7 @@ class Recorder:
             add(Event.STEP_END, on_step_end)
             add(Event.MEMORY, on_memory)
             add(Event.COLLECTIVE, on_collective)
+            add(Event.PHASE, on_phase)  # where each step's time went: the doctor's stragglers by phase
         if level >= 2:
             subs.modules(self)
         if level >= 3:
@@ -320,6 +325,10 @@ class Recorder:
         manifest, files = bundle_parts(contents, reason, error=error, fault=fault, fatal_stacks=stacks,
                                        threads=all_stacks(), graphs=list(self.graphs),
                                        settings=self._safe_settings())
+        try:
+            manifest["now"] = now(contents)  # the step, module and collective the rank is in (obs rdr snapshot)
+        except Exception as exc:  # noqa: BLE001 - the bundle goes out without it
+            report_internal_error("RDR bundle: now", exc)
         if self.amend_files is not None:
             try:
                 self.amend_files(files)

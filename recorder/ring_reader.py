@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import struct
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +28,10 @@ import numpy as np
 from obs._core import safe_files
 from obs._core.errors import NotOurFileError
 from recorder.collective_desc import COLLECTIVE_STATES
-from recorder.layout import BLOB, BLOB_SIZE, HEADER_SIZE, SLOT, Header, Kind
+from recorder.layout import BLOB, BLOB_SIZE, HEADER_SIZE, PHASE_NAMES, SLOT, Header, Kind
 
 __all__ = ["SLOT_DTYPE", "RingContents", "read_blobs", "read_header_file", "read_ring", "read_ring_file",
-           "read_strings", "region_slots"]
+           "read_strings", "region_slots", "region_tail"]
 
 SLOT_DTYPE = np.dtype([("seq", "<u8"), ("idx", "<u8"), ("t", "<i8"), ("kind", "<u2"), ("flags", "<u2"),
                        ("a", "<i4"), ("b", "<i8"), ("c", "<i8"), ("d", "<i8")])
@@ -123,6 +124,7 @@ class RingContents:
             part = slots[where]
             ids = {f: np.where((part[f] >= 0) & (part[f] < len(esc) - 1), part[f], -1) for f in ("a", "b", "d")}
             cols = {"seq": part["seq"].tolist(), "t": wall[where].tolist(), "flags": part["flags"].tolist(),
+                    "a": part["a"].tolist(), "wall": [self.header.wall_ns - self.header.mono_ns],
                     "b": part["b"].tolist(), "c": part["c"].tolist(), "d": part["d"].tolist(),
                     "a_name": [esc[i] for i in ids["a"].tolist()], "step": derived[where].tolist()}
             if kind == Kind.OP:
@@ -152,6 +154,10 @@ def _format(kind: int, c: dict[str, list[Any]]) -> list[str]:
     if kind == Kind.STEP_END:
         return [f'{{"seq":{s},"t":{w},"kind":"step_end","step":{st},"duration_ns":{du}}}'
                 for s, w, st, du in zip(seq, t, b, dur)]
+    if kind == Kind.PHASE:  # begin and end are monotonic ns, like t: turned into wall time as t is
+        shift = c["wall"][0]
+        return [f'{{"seq":{s},"t":{w},"kind":"phase","phase":"{_phase(p)}","step":{st},"begin_t":{b0 + shift},'
+                f'"end_t":{b1 + shift}}}' for s, w, p, st, b0, b1 in zip(seq, t, c["a"], b, dur, d)]
     if kind == Kind.MEMORY:
         return [f'{{"seq":{s},"t":{w},"kind":"memory","device":{n},"step":{st},"used_bytes":{u},"other_bytes":{o}}}'
                 for s, w, n, st, u, o in zip(seq, t, a, b, dur, d)]
@@ -163,6 +169,10 @@ def _format(kind: int, c: dict[str, list[Any]]) -> list[str]:
 
 
 _ERR = ("", ',"error":true')
+
+
+def _phase(code: int) -> str:
+    return PHASE_NAMES[code] if 0 <= code < len(PHASE_NAMES) else f"phase_{code}"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -196,8 +206,12 @@ def _blob_line(blob: tuple[int, int, str, dict[str, Any]], header: Header, step:
                       separators=(",", ":"), default=str)
 
 
-def read_ring(data: Any, *, path: str = "<ring>") -> RingContents:
-    """Decode a ring from a buffer (an mmap of a live ring, or a file's bytes); ``path`` names it in errors."""
+def read_ring(data: Any, *, path: str = "<ring>", rings: Collection[str] | None = None,
+              tails: Mapping[str, int] | None = None, blobs: bool = True) -> RingContents:
+    """Decode a ring from a buffer (an mmap of a live ring, or a file's bytes); ``path`` names it in errors.
+
+    A live view reads less: only the slot ``rings`` named (default all), only the newest ``tails[name]`` slots of
+    a ring (the rest of it is not copied), and no blobs when ``blobs`` is False."""
     view = memoryview(data)
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
@@ -205,16 +219,20 @@ def read_ring(data: Any, *, path: str = "<ring>") -> RingContents:
     strings, _ = read_strings(view, header)
     parts, dropped = [], {}
     for region in header.rings:  # Header.decode checked that every region lies inside the file
-        slots = region_slots(view, region)
+        if rings is not None and region.name not in rings:
+            continue
+        keep = (tails or {}).get(region.name)
+        slots = region_tail(view, region, keep) if keep is not None else region_slots(view, region)
         slots = slots[slots["seq"] > 0]
         top = int(slots["idx"].max()) if len(slots) else 0
-        dropped[region.name] = max(0, top - region.capacity)
+        dropped[region.name] = max(0, top - region.capacity) if keep is None else 0
         parts.append(slots)
     merged = np.concatenate(parts) if parts else np.empty(0, SLOT_DTYPE)
     merged = merged[np.argsort(merged["seq"], kind="stable")]
-    blobs, blob_dropped = _blobs(view, header)
-    dropped["blob"] = blob_dropped
-    return RingContents(header, strings, merged, blobs, dropped)
+    found: list[tuple[int, int, str, dict[str, Any]]] = []
+    if blobs:
+        found, dropped["blob"] = _blobs(view, header)
+    return RingContents(header, strings, merged, found, dropped)
 
 
 def _read_all(fd: int, path: str) -> bytes:
@@ -290,6 +308,15 @@ def read_blobs(view: Any, header: Header) -> list[tuple[int, int, int, int, Any]
 def region_slots(view: Any, region: Any) -> np.ndarray:
     """A copy of one slot ring's slots (one snapshot of a live map)."""
     return np.frombuffer(view, SLOT_DTYPE, region.capacity, region.offset).copy()
+
+
+def region_tail(view: Any, region: Any, count: int) -> np.ndarray:
+    """A copy of the newest ``count`` slots of one slot ring (the ones with the highest ``idx``), oldest first."""
+    slots = np.frombuffer(view, SLOT_DTYPE, region.capacity, region.offset)
+    newest = int(np.argmax(slots["idx"]))
+    where = (np.arange(newest - min(count, region.capacity) + 1, newest + 1)) % region.capacity
+    tail: np.ndarray = slots[where].copy()
+    return tail
 
 
 def _blobs(view: memoryview, header: Header) -> tuple[list[tuple[int, int, str, dict[str, Any]]], int]:

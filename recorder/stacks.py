@@ -11,7 +11,8 @@ import threading
 import traceback
 from typing import Any
 
-__all__ = ["WRAPPER_FILES", "all_stacks", "exception_record", "is_hidden", "is_wrapper", "stacks_text", "user_frames"]
+__all__ = ["WRAPPER_FILES", "all_stacks", "exception_record", "is_hidden", "is_library", "is_wrapper", "stacks_text",
+           "user_frames"]
 
 
 #: obs's packages: their frames are obs's own, never the user's
@@ -104,7 +105,7 @@ def _machinery_starts(frames: list[traceback.FrameSummary]) -> int:
         name = frames[i].filename
         if name.endswith(_MACHINERY):
             cut = i
-        elif not _is_library(name):
+        elif not is_library(name):
             break
     return cut
 
@@ -160,7 +161,7 @@ def is_wrapper(filename: str) -> bool:
     return filename.endswith(WRAPPER_FILES)
 
 
-def _is_library(filename: str) -> bool:
+def is_library(filename: str) -> bool:
     """Installed code (site-packages, the standard library), as opposed to the user's own files."""
     return filename.startswith("<") or filename.startswith(_LIBRARY) or os.sep + "site-packages" + os.sep in filename \
         or os.sep + "dist-packages" + os.sep in filename
@@ -200,7 +201,7 @@ def exception_record(error: BaseException) -> dict[str, Any]:
     te.stack = traceback.StackSummary.from_list(outer + list(te.stack))
     _drop_hidden(te, set())
     frames = list(te.stack)
-    mine = [f for f in frames if not _is_library(f.filename)]
+    mine = [f for f in frames if not is_library(f.filename)]
     innermost = frames[-1] if frames else None
     user = mine[-1] if mine else innermost
     raised_in = innermost if innermost is not None and user is not innermost else None

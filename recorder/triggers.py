@@ -1,28 +1,41 @@
-"""What makes a recorder dump: uncaught exceptions, signals, fatal signals, hangs, the end of the run.
+"""What makes a recorder dump: uncaught exceptions, signals, fatal signals, hangs, requests, the end of the run.
 
 Each trigger chains to what was installed before it (the previous excepthook or signal
 handler still runs, and a process killed by a signal still dies of it, with the same status
 as without obs).  ``uninstall()`` puts every previous handler back.  SIGTERM and SIGINT go
 through :mod:`recorder.signals` (a C handler and a watcher thread: they work while the main
 thread is blocked in C); the triggers are its target.
+
+Requests (:mod:`recorder.requests`): a ``snapshot`` request in the RDR root's ``requests/`` folder (``obs rdr
+snapshot``, or a peer whose hang watchdog fired) makes a bundle now and the run goes on: reason ``snapshot``, or
+``peer_hang`` when a peer asked on its hang (the manifest's ``fault`` names who asked).  A rank whose watchdog fires
+asks its peers so, after its own ``hang`` bundle: every rank's stacks of the same hang.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
+import json
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from obs._core import safe_files
 from obs._core.internal import report_internal_error
 from recorder import signals
 from recorder.recorder import Recorder
+from recorder.requests import Request, RequestWatcher, make_request, remove_request, write_answer, write_request
 
 __all__ = ["Triggers", "progress"]
+
+_SNAPSHOT_WAIT_S = 5.0  # a snapshot waits this long for a dump under way on another thread, then says it is busy
+_DUMP_SWITCH_S = 0.0005  # the GIL's switch interval while a snapshot dumps (Python's default: 0.005)
+_PEERS_WAIT_S = 3.0  # with hang_action abort: how long the rank waits for its peers' bundles before it aborts
 
 
 def progress(recorder: Recorder) -> int:
@@ -44,6 +57,11 @@ class Triggers:
         self._faulthandler_was: bool = False
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
+        self._requests: RequestWatcher | None = None
+        self._asked: list[Request] = []  # the requests this process made (on a hang): removed when it stops
+        #: (progress when taken, path) of this rank's bundle of the current stall (hang, peer_hang): the same stall
+        #: is not dumped twice
+        self._stall: tuple[int, str] | None = None
 
     # -- install / uninstall ------------------------------------------------------------------
     def install(self) -> Triggers:
@@ -58,18 +76,24 @@ class Triggers:
         self._faulthandler_was = faulthandler.is_enabled()
         faulthandler.enable(self._fatal, all_threads=True)
         self.start_watchdog()
+        self.start_requests()
         atexit.register(self._at_exit)
         return self
 
     def uninstall(self) -> None:
         atexit.unregister(self._at_exit)
         self.stop_watchdog()
+        self.stop_requests()
         self._restore(close_fatal_file=True)
 
     def detach(self) -> None:
         """In a forked child: put every handler back without dumping or closing anything."""
         atexit.unregister(self._at_exit)
         self._watchdog = None  # threads do not survive fork
+        if self._requests is not None:
+            self._requests.detach()
+            self._requests = None
+        self._asked = []  # the parent's requests: the parent removes them
         self._restore(close_fatal_file=False)  # the parent's file: the child only drops its copy
 
     def _restore(self, *, close_fatal_file: bool) -> None:
@@ -100,12 +124,37 @@ class Triggers:
             self._watchdog.join()
             self._watchdog = None
 
+    @property
+    def root(self) -> str:
+        """The RDR root (the folder of the ``rank_{r}/rdr`` trees), where the request folder is."""
+        return os.path.dirname(os.path.dirname(self.recorder.dir))
+
+    def start_requests(self) -> None:
+        """The request watcher (every granularity, whatever ``op_timeout``)."""
+        if self._requests is None:
+            recorder = self.recorder
+            self._requests = RequestWatcher(self.root, {"snapshot": self._snapshot},
+                                            rank=lambda: recorder.rank).start()
+
+    def stop_requests(self) -> None:
+        """Stop the watcher (joined) and remove the requests this process made, with their answers."""
+        watcher, self._requests = self._requests, None
+        if watcher is not None:
+            watcher.stop()
+            for request in self._asked:
+                try:
+                    remove_request(watcher.folder, request)
+                except OSError as exc:
+                    report_internal_error("rdr requests: removing a hang request", exc)
+        self._asked = []
+
     # -- triggers -----------------------------------------------------------------------------
-    def _dump(self, reason: str, **kwargs: Any) -> None:
+    def _dump(self, reason: str, **kwargs: Any) -> str | None:
         try:
-            self.recorder.dump(reason, **kwargs)
+            return self.recorder.dump(reason, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a failed dump must not change how the process ends
             report_internal_error(f"rdr dump ({reason})", exc)
+            return None
 
     def _sys_hook(self, etype: type[BaseException], value: BaseException, tb: Any) -> None:
         self.abnormal = True
@@ -167,12 +216,70 @@ class Triggers:
                 continue
             fired = True
             idle = round(now - since, 3)
+            stall = self._stall
+            asked = stall is not None and stall[0] == count  # a peer asked on this very stall: the ranks were asked
             self.recorder.marker("hang", idle_s=idle)
-            self._dump("hang", fault={"kind": "hang", "where": f"no progress for {idle} s (op_timeout "
-                                                            f"{self.op_timeout} s) in step {self.recorder.step}"})
+            where = f"no progress for {idle} s (op_timeout {self.op_timeout} s) in step {self.recorder.step}"
+            with _eager_gil():
+                bundle = self._dump("hang", fault={"kind": "hang", "where": where})
+            if bundle is not None:
+                self._stall = (progress(self.recorder), bundle)
+            if not asked:
+                self._ask_peers(bundle, where)
             if self.hang_action == "abort":
                 os.abort()
             last = progress(self.recorder)  # our own marker is not progress
+
+    # -- requests (recorder.requests) ----------------------------------------------------------
+    def _snapshot(self, request: Request) -> dict[str, Any]:
+        """A ``snapshot`` request, on the watcher's thread: a bundle now (the run goes on), unless this rank's bundle
+        of the same stall answers a peer's hang request already."""
+        recorder = self.recorder
+        hang = request.params.get("reason") == "hang"
+        stall = self._stall
+        if hang and stall is not None and stall[0] == progress(recorder):
+            return {"bundle": stall[1], "note": "this rank's bundle of the same stall"}
+        if not recorder.wait_idle(_SNAPSHOT_WAIT_S):
+            return {"error": f"another dump is under way on this rank (waited {_SNAPSHOT_WAIT_S} s)"}
+        reason = "peer_hang" if hang else "snapshot"
+        detail = request.params.get("where")
+        where = f"asked by {request.asked_by}" + (f": {detail}" if isinstance(detail, str) and detail else "")
+        with _eager_gil():
+            path = recorder.dump(reason, fault={"kind": reason, "where": where, "request": request.id})
+        if path is None:
+            return {"error": "the recorder is stopping"}
+        if hang:
+            self._stall = (progress(recorder), path)
+        answer: dict[str, Any] = {"bundle": path}
+        try:
+            manifest = json.loads(safe_files.read_private(os.path.join(path, "manifest.json")))
+            answer.update(step=manifest.get("step"), now=manifest.get("now"))
+        except (OSError, ValueError) as exc:  # the bundle is there; the answer only goes without its summary
+            report_internal_error("rdr requests: reading back a snapshot's manifest", exc)
+        return answer
+
+    def _ask_peers(self, bundle: str | None, where: str) -> None:
+        """After this rank's hang bundle: a ``snapshot`` request (reason ``hang``) to every other rank, answered here
+        with this rank's own bundle; with ``hang_action`` abort, wait a little for the peers' answers."""
+        watcher, recorder = self._requests, self.recorder
+        if watcher is None or recorder.world_size < 2:
+            return
+        rank = recorder.rank
+        try:
+            request = make_request("snapshot", asked_by=f"rank {rank}",
+                                   params={"reason": "hang", "where": where, "step": recorder.step})
+            watcher.ignore(request)
+            write_request(self.root, request)
+            self._asked.append(request)
+            write_answer(watcher.folder, request, rank, {"bundle": bundle} if bundle else
+                         {"error": "this rank's hang dump failed"})
+        except OSError as exc:
+            report_internal_error("rdr requests: asking the peers on a hang", exc)
+            return
+        if self.hang_action == "abort":
+            deadline = time.monotonic() + _PEERS_WAIT_S
+            while time.monotonic() < deadline and _answered(watcher.folder, request) < recorder.world_size:
+                time.sleep(0.1)
 
     def end(self, *, stopping: bool = True) -> None:
         """The recording ends: its last bundle, if it owes one (:meth:`Recorder.end_dump`).  ``stopping``: the
@@ -188,6 +295,37 @@ class Triggers:
         self.end()
         self.uninstall()
         self.recorder.close(clean_exit=True)
+
+
+_EAGER_LOCK = threading.Lock()
+_eager: list[float] = []  # the interval before the first of the dumps under way, then one entry per dump
+
+
+@contextlib.contextmanager
+def _eager_gil() -> Iterator[None]:
+    """A dump off the main thread while the main thread runs Python (a user's loop: what snapshots and hangs catch)
+    waits a whole switch interval for the GIL after each of its system calls: seconds in all on a busy machine
+    (measured: 0.3 s to 11 s on 2 busy cores).  A shorter interval for the dump's duration only."""
+    with _EAGER_LOCK:
+        if not _eager:
+            _eager.append(sys.getswitchinterval())
+            sys.setswitchinterval(min(_eager[0], _DUMP_SWITCH_S))
+        _eager.append(0.0)  # one per dump inside: the first entry is the interval to restore after the last
+    try:
+        yield
+    finally:
+        with _EAGER_LOCK:
+            _eager.pop()
+            if len(_eager) == 1:
+                sys.setswitchinterval(_eager.pop())
+
+
+def _answered(folder: str, request: Request) -> int:
+    """How many answers ``request`` has (the files: cheap, nothing read)."""
+    try:
+        return sum(1 for name in os.listdir(folder) if name.startswith(f"{request.name}.rank_"))
+    except OSError:
+        return 0
 
 
 def _give_faulthandler_back() -> None:

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rdr", help="post-mortem: Running Data Recorder bundles",
                        description="Post-mortem views of RDR bundles. --json: one JSON document for a single "
-                       "object (ls, show, recover, analyze), JSON lines (one record per line) for streams "
+                       "object (ls, show, recover, analyze, snapshot), JSON lines (one record per line) for streams "
                        "(events). "
                        "Exit 1 when a bundle or ring is damaged (the others are still shown), 2 on bad input.")
     rsub = p.add_subparsers(dest="rdr_command", metavar="ACTION")
@@ -103,7 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("path", nargs="?", help="the job's RDR root (the folder of rank_* folders; default $MS_RDR_PATH "
                    "or .)")
     r.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    r = rsub.add_parser("snapshot", help="a running job: every live rank writes a bundle now (every thread's stack, "
+                        "what it is doing) and goes on; exit 1 when a live rank did not answer")
+    r.add_argument("path", nargs="?", help="the job's RDR root (the folder of rank_* folders; default $MS_RDR_PATH "
+                   "or .)")
+    r.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the ranks' answers "
+                   "(default 10)")
+    r.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
+    p = sub.add_parser("top", help="a live table of every rank of a running job (from its rings): step, steps/s, "
+                                   "phase, module or collective now, the rank the others wait for")
+    p.add_argument("path", nargs="?", help="an RDR root, a rank or rdr folder (default $MS_RDR_PATH or .)")
+    p.add_argument("--once", action="store_true", help="print one table and exit")
+    p.add_argument("--json", action="store_true", help="print one JSON document and exit")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     p = sub.add_parser("trace", help="profiler traces: summary of a trace file or folder, re-export to a collector",
                        description="Views of the profiler's output (trace.json, traces.otlp.jsonl, or the output "
                        "folder, default ./obs_profile). Exit 1 when spans were dropped or a file is damaged, 2 on "
@@ -291,7 +304,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             from obs.cli._rdr_analyze_view import run_analyze
 
             return run_analyze(args.path, as_json=args.json)
+        if args.rdr_command == "snapshot":
+            from obs.cli._rdr_snapshot_view import run_snapshot
+
+            return run_snapshot(args.path, timeout=args.timeout, as_json=args.json)
         return view.run_recover(args.path, as_json=args.json)
+    if args.command == "top":
+        from obs.cli._top_view import run_top
+
+        return run_top(args.path, once=args.once, as_json=args.json, interval=args.interval)
     if args.command == "trace":
         from obs.cli import _trace_view
 

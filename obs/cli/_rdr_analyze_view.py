@@ -16,10 +16,13 @@ from rich.text import Text
 from obs.cli._rdr_view import _reason, default_root
 from obs.cli._render import clean, console, err_console, print_json
 from recorder.analyze import Analysis, analyze
+from recorder.arrival import OTHER
+from recorder.layout import PHASE_NAMES
 
 __all__ = ["run_analyze"]
 
 EXIT_OK, EXIT_PROBLEM = 0, 1
+PHASE_ORDER = (*PHASE_NAMES, OTHER)
 
 
 def run_analyze(path: str | None, *, as_json: bool) -> int:
@@ -53,8 +56,11 @@ def _render(a: Analysis) -> None:
     for s in a.stragglers:
         lag = " and ".join(f"{n} {what}" for n, what in ((s.behind_steps, "step(s)"),
                                                          (s.behind_collectives, "world-group collective(s)")) if n)
-        out.print(Text(f"straggler: rank {s.rank} is {lag} behind the furthest rank", style="yellow"),
-                  soft_wrap=True)
+        if lag:
+            out.print(Text(f"straggler: rank {s.rank} is {lag} behind the furthest rank", style="yellow"),
+                      soft_wrap=True)
+    if any(s.lateness_s is not None for s in a.stragglers):
+        out.print(_late_table(a))
     if a.nan:
         out.print(Text(clean(f"first NaN/Inf: rank {a.nan['rank']} at step {a.nan['step']}: {a.nan['detail']}"),
                        style="bold red"), soft_wrap=True)
@@ -70,9 +76,31 @@ def _render(a: Analysis) -> None:
         err.print(Text.assemble(("obs: error: ", "bold red"), "cannot read: ", clean(problem)), soft_wrap=True)
 
 
+def _late_table(a: Analysis) -> Table:
+    """The stragglers by arrival: how late they come to collectives, and their busy time per step in each phase
+    against the other ranks' median (ms; where the time went)."""
+    late = {x.rank: x for x in a.lineup.ranks}
+    rows = [late[s.rank] for s in a.stragglers if s.lateness_s is not None and s.rank in late]
+    phases = sorted({p for x in rows for p in x.phases}, key=lambda p: (PHASE_ORDER.index(p) if p in PHASE_ORDER
+                                                                        else len(PHASE_ORDER), p))
+    table = Table(title=Text(f"stragglers by arrival ({a.lineup.collectives} collectives of {a.lineup.steps} steps "
+                             "lined up; phases: ms per step against the other ranks)"), title_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("late per step", justify="right")
+    table.add_column("latest in", justify="right")
+    for p in phases:
+        table.add_column(p, justify="right")
+    for x in rows:
+        table.add_row(str(x.rank), f"{x.score_s * 1e3:.1f} ms", f"{x.last_share:.0%} of steps",
+                      *[Text(f"{x.phases[p] * 1e3:+.1f}" if p in x.phases else "", style="bold red" if p == x.phase
+                             else "") for p in phases])
+    return table
+
+
 def _ranks_table(a: Analysis) -> Table:
     table = Table(title=Text("ranks (newest bundle of each)"), title_justify="left")
-    for column in ("rank", "bundle", "step", "last collective", "raised / note"):
+    where = any(s.where for s in a.ranks)  # the main thread's innermost frame of the user's code (live dumps)
+    for column in ("rank", "bundle", "step", "last collective", "raised / note") + (("at",) if where else ()):
         table.add_column(column, justify="right" if column in ("rank", "step") else "left", overflow="fold")
     for s in a.ranks:
         last = s.last_collective
@@ -82,9 +110,10 @@ def _ranks_table(a: Analysis) -> Table:
         if s.exception and s.raised_in_collective:
             note = f"{s.exception} (in a collective)"
         style = "bold red" if s.rank in a.culprits else ""
-        table.add_row(Text(str(s.rank), style=style), Text(clean(bundle), style=style),
-                      str(s.step) if s.step is not None else "", Text(clean(last_text)),
-                      Text(_short(str(note)), style=style))
+        cells = [Text(str(s.rank), style=style), Text(clean(bundle), style=style),
+                 str(s.step) if s.step is not None else "", Text(clean(last_text)),
+                 Text(_short(str(note)), style=style)]
+        table.add_row(*cells, *([Text(clean(s.where or ""))] if where else []))
     return table
 
 

@@ -108,6 +108,10 @@ def _what(event: dict[str, Any]) -> str:
                 + ("  raised" if event.get("error") is True else ""))
     if kind in ("step_begin", "step_end"):
         return f"step {clean(event.get('step'))}"
+    if kind == "phase":
+        took = event.get("end_t", 0) - event.get("begin_t", 0) if all(
+            isinstance(event.get(k), int) for k in ("begin_t", "end_t")) else None
+        return f"{clean(event.get('phase'))} {_num(took, 1e6, '.2f')} ms"
     if kind == "memory":
         return f"{clean(event.get('device'))}: {_num(event.get('used_bytes', 0), 2**20)} MiB used"
     if kind == "collective":

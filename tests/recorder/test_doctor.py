@@ -1,0 +1,116 @@
+"""The job doctor on real gloo jobs under torchrun (doctor_script.py): `obs top` names the rank the others wait for
+while the job runs, and `obs rdr analyze` names the straggler and the phase its time went to once it ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from obs.cli import main
+from recorder.live import read_job
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "doctor_script.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(tmp_path, scenario, steps, ranks=3):
+    config = tmp_path / "obs.json"
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "mode": 2}}))
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
+           str(_free_port()), "--monitor-interval", "0.2", SCRIPT, str(config), str(pids), scenario, str(steps)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+
+
+def _finish(proc, pids, timeout=120):
+    """The job's exit code and output; no worker outlives it."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for name in os.listdir(pids):
+            try:
+                with open(f"/proc/{name.split('.')[0]}/cmdline", "rb") as fh:
+                    if b"doctor_script.py" in fh.read():
+                        os.kill(int(name.split(".")[0]), signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return proc.returncode, out
+
+
+def _analyze(tmp_path, capsys):
+    code = main(["rdr", "analyze", str(tmp_path / "rdr"), "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_top_and_analyze_name_the_rank_slow_in_its_data_loading(tmp_path, capsys):
+    proc = _start(tmp_path, "data", 0)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # until every rank has lined up a few collectives
+            if proc.poll() is not None:
+                break
+            try:
+                job = read_job(str(tmp_path / "rdr"))
+            except FileNotFoundError:
+                job = None
+            if job is not None and len(job.ranks) == 3 and min(r.step for r in job.ranks) >= 6:
+                break
+            time.sleep(0.2)
+        assert main(["top", str(tmp_path / "rdr"), "--once", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert main(["top", str(tmp_path / "rdr"), "--once"]) == 0
+        table = capsys.readouterr().out
+    finally:
+        (tmp_path / "stop").touch()
+        code, out = _finish(proc, tmp_path / "pids")
+    assert code == 0, out
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2] and all(r["alive"] for r in doc["ranks"])
+    assert doc["waited_for"] == [2], doc
+    slow = doc["ranks"][2]
+    assert slow["straggler"] and slow["late_phase"] == "data" and slow["lateness_s"] > 0.01
+    assert all(r["steps_per_s"] and r["steps_per_s"] < 6 for r in doc["ranks"])  # 0.2 s per step: under 5 steps/s
+    assert "the others wait for rank 2" in table
+
+    code, result = _analyze(tmp_path, capsys)
+    assert code == 1  # a culprit: the straggler
+    assert result["culprits"] == [2]
+    assert [(s["rank"], s["phase"]) for s in result["stragglers"]] == [(2, "data")]
+    assert result["stragglers"][0]["phase_excess_s"] == pytest.approx(0.2, abs=0.05)
+    assert "rank 2 is a straggler" in result["verdict"] and "data loading" in result["verdict"]
+
+
+def test_analyze_names_the_ddp_rank_slow_in_backward_not_the_ranks_that_waited(tmp_path, capsys):
+    proc = _start(tmp_path, "ddp", 12)
+    code, out = _finish(proc, tmp_path / "pids")
+    assert code == 0, out
+    code, result = _analyze(tmp_path, capsys)
+    assert code == 1
+    assert result["culprits"] == [1], result["verdict"]
+    assert [(s["rank"], s["phase"]) for s in result["stragglers"]] == [(1, "backward")]
+    assert result["stragglers"][0]["phase_excess_s"] == pytest.approx(0.2, abs=0.05)
+    # DDP equalised the step times: every rank's backward took as long; the lineup tells them apart
+    lineup = {x["rank"]: x for x in result["lineup"]["ranks"]}
+    assert lineup[0]["phases"]["backward"] < 0 and lineup[2]["phases"]["backward"] < 0
+    assert not lineup[0]["straggler"] and not lineup[2]["straggler"]
