@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ import pytest
 from obs.cli import main
 from recorder.analyze import analyze
 from recorder.bundle_reader import list_bundles, load_bundle
+from tests.recorder._jobs import free_port, kill_leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -24,23 +24,8 @@ PER_STEP = 6  # default-group collectives per step: 4 gradients, the loss, the s
 FIRST_OF_STEP_3 = 2 * PER_STEP + 1
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def _kill_leftovers(pids_dir):
-    """torchrun starts each worker in its own session: kill, by pid, any worker of this job still alive."""
-    for name in os.listdir(pids_dir):
-        pid = int(name.split(".")[0])
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"dist_script.py" not in fh.read():
-                    continue
-            os.kill(pid, signal.SIGKILL)
-        except (FileNotFoundError, ProcessLookupError):
-            pass
 
 
 def torchrun(tmp_path, ranks, scenario, *, mode=1, env=None, **sections):
@@ -53,7 +38,7 @@ def torchrun(tmp_path, ranks, scenario, *, mode=1, env=None, **sections):
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", **(env or {})}
     env.pop("TORCHELASTIC_RUN_ID", None)
     launcher = [] if ranks is None else ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-                                         "--master-port", str(_free_port()), "--monitor-interval", "0.2"]
+                                         "--master-port", str(free_port()), "--monitor-interval", "0.2"]
     cmd = [sys.executable, *launcher, SCRIPT, str(config), str(pids), scenario]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -63,7 +48,7 @@ def torchrun(tmp_path, ranks, scenario, *, mode=1, env=None, **sections):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        _kill_leftovers(pids)
+        kill_leftovers(pids, "dist_script.py")
     return proc.returncode, out
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 
 from obs.cli import main
 from recorder.live import read_job
+from tests.recorder._jobs import free_port, kill_leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +22,6 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "doctor_script.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(tmp_path, scenario, steps, ranks=3):
@@ -36,7 +32,7 @@ def _start(tmp_path, scenario, steps, ranks=3):
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     env.pop("TORCHELASTIC_RUN_ID", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
-           str(_free_port()), "--monitor-interval", "0.2", SCRIPT, str(config), str(pids), scenario, str(steps)]
+           str(free_port()), "--monitor-interval", "0.2", SCRIPT, str(config), str(pids), scenario, str(steps)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
 
@@ -49,13 +45,7 @@ def _finish(proc, pids, timeout=120):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for name in os.listdir(pids):
-            try:
-                with open(f"/proc/{name.split('.')[0]}/cmdline", "rb") as fh:
-                    if b"doctor_script.py" in fh.read():
-                        os.kill(int(name.split(".")[0]), signal.SIGKILL)
-            except (FileNotFoundError, ProcessLookupError):
-                pass
+        kill_leftovers(pids, "doctor_script.py")
     return proc.returncode, out
 
 

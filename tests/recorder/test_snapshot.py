@@ -7,7 +7,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from recorder.now import now, open_collective
 from recorder.requests import requests_dir
 from recorder.ring import RingWriter
 from recorder.ring_reader import read_ring, read_ring_file
+from tests.recorder._jobs import free_port, kill_leftovers
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "snapshot_script.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
@@ -42,23 +42,8 @@ def line_of(text):
 
 
 # -- the job --------------------------------------------------------------------------------------------------------
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def _kill_leftovers(pids_dir):
-    """torchrun starts each worker in its own session: kill, by pid, any worker of this job still alive."""
-    for name in os.listdir(pids_dir):
-        pid = int(name.split(".")[0])
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"snapshot_script.py" not in fh.read():
-                    continue
-            os.kill(pid, signal.SIGKILL)
-        except (FileNotFoundError, ProcessLookupError):
-            pass
 
 
 class Job:
@@ -76,7 +61,7 @@ class Job:
         env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
         env.pop("TORCHELASTIC_RUN_ID", None)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-               str(_free_port()), "--monitor-interval", "0.2", SCRIPT, str(config), str(self.pids), scenario]
+               str(free_port()), "--monitor-interval", "0.2", SCRIPT, str(config), str(self.pids), scenario]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      start_new_session=True)
 
@@ -109,7 +94,7 @@ class Job:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-            _kill_leftovers(self.pids)
+            kill_leftovers(self.pids, "snapshot_script.py")
         return self.proc.returncode, out
 
 
@@ -126,7 +111,7 @@ def _job(tmp_path):
         if j.proc.poll() is None:
             os.killpg(j.proc.pid, signal.SIGKILL)
             j.proc.communicate()
-        _kill_leftovers(j.pids)
+        kill_leftovers(j.pids, "snapshot_script.py")
 
 
 def cli(capsys, *args):
