@@ -9,7 +9,7 @@ A collective completes when its last member arrives, and every member leaves it 
   that is slow at every step stands out even when it never falls behind (DDP: its peers absorb the delay while
   they wait in the all_reduce);
 * **where the time went**: per step and phase (data, forward, backward, optimizer, and ``other`` for the rest of
-  the step), the time the rank was busy, that is the phase's length less the time it waited in collectives,
+  the step since the previous one ended), the time the rank was busy, that is the phase's length less the time it waited in collectives,
   against the median of the other ranks; the phase with the largest excess is the straggler's.
 """
 
@@ -34,9 +34,12 @@ STEP_WINDOW = 50
 #: MIN_LATE_S, FACTOR x the other ranks' median, and STEP_SHARE of the median step time (a few ms late on a 10 s
 #: step is noise)
 MIN_LATE_S, FACTOR, STEP_SHARE, MIN_STEPS = 0.010, 3.0, 0.05, 3
-OTHER = "other"  #: the step's time outside every recorded phase (the user's code between them)
+#: a step's time outside every recorded phase: the user's code between them, and the time since the previous step
+#: ended (data loading, where the loop does not use obs.steps, which records it as the data phase)
+OTHER = "other"
 #: how a phase is named in a sentence
-PHASE_LABELS = {"data": "data loading", OTHER: "the rest of the step (outside data, forward, backward, optimizer)"}
+PHASE_LABELS = {"data": "data loading", OTHER: "the rest of the step (outside the recorded phases: data loading "
+                                               "without obs.steps, the loop's own code)"}
 _OPEN = ("scheduled", "started")
 _DONE = ("completed", "failed")
 
@@ -297,8 +300,12 @@ def _busy(tl: RankTimeline, step_window: int, lined: list[tuple[int, int | None]
             row[p.name] = row.get(p.name, 0.0) + (took - waited(p.begin, p.end)) / 1e9
             inside += took - waited(p.begin, p.end)
         if step in tl.steps:
+            # the step's cycle: from the previous step's end (the time between steps is the next one's, data
+            # loading where obs.steps does not mark it), else from its begin or its data phase
             begin, end = tl.steps[step]
-            begin = min([begin] + [p.begin for p in phases.get(step, ()) if p.name == "data"])
+            before = tl.steps.get(step - 1)
+            begin = before[1] if before is not None and before[1] <= begin else \
+                min([begin] + [p.begin for p in phases.get(step, ()) if p.name == "data"])
             if end > begin:
                 row[OTHER] = max(0.0, (end - begin - waited(begin, end) - inside) / 1e9)
         out[step] = row
