@@ -9,8 +9,9 @@ A collective completes when its last member arrives, and every member leaves it 
   that is slow at every step stands out even when it never falls behind (DDP: its peers absorb the delay while
   they wait in the all_reduce);
 * **where the time went**: per step and phase (data, forward, backward, optimizer, and ``other`` for the rest of
-  the step since the previous one ended), the time the rank was busy, that is the phase's length less the time it waited in collectives,
-  against the median of the other ranks; the phase with the largest excess is the straggler's.
+  the step since the previous one ended), the time the rank was busy, that is the phase's length less the time it
+  waited in collectives, against the median of the other ranks; the phase with the largest excess is the
+  straggler's.
 """
 
 from __future__ import annotations

@@ -173,13 +173,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--io", choices=("input", "output"), help="only inputs or outputs")
     d.add_argument("--limit", type=int, help="at most N rows")
     d.add_argument("--json", action="store_true", help="machine-readable output (JSON lines: one row per line)")
-    d = dsub.add_parser("diff", help="the first op (in execution order) whose statistics, or values, diverge "
-                        "between two runs; exit 1 if one does")
+    d = dsub.add_parser("diff", help="two runs op by op, aligned: the op that produced a difference (its inputs "
+                        "agree, its outputs do not), the ops that carried it on, the ops inserted or removed; exit 1 "
+                        "if an op diverges")
     d.add_argument("a", help="the first dump folder")
-    d.add_argument("b", help="the second dump folder")
-    d.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
-    d.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance (default 1e-8)")
+    d.add_argument("b", help="the second dump folder (the reference)")
+    d.add_argument("--rtol", type=float, help="relative tolerance (default 1e-5, or the preset's)")
+    d.add_argument("--atol", type=float, help="absolute tolerance (default 1e-8, or the preset's)")
+    d.add_argument("--tolerance", choices=("auto", "fp64", "fp32", "tf32", "fp16", "bf16"),
+                   help="tolerances of a dtype for every tensor (bf16: a bf16 run against an fp32 one), or auto: each "
+                   "pair by its coarser dtype; --rtol/--atol replace the preset's")
     d.add_argument("--iteration", type=int, help="only this iteration")
+    d.add_argument("--top", type=int, default=10, metavar="N", help="divergent ops listed (default 10)")
+    d.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report: a row per aligned op, "
+                   "a plot of the error against the op index")
     d.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
     p = sub.add_parser("native", help="obs's native extensions: which are in use, and why not; build them ahead "
@@ -289,8 +296,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.dump_command == "stats":
             return dump_view.run_stats(args.path, op=args.op, iteration=args.iteration, io=args.io,
                                        as_json=args.json, limit=args.limit)
-        return dump_view.run_diff(args.a, args.b, rtol=args.rtol, atol=args.atol, iteration=args.iteration,
-                                  as_json=args.json)
+        return dump_view.run_diff(args.a, args.b, rtol=args.rtol, atol=args.atol, tolerance=args.tolerance,
+                                  iteration=args.iteration, top=args.top, html=args.html, as_json=args.json)
     if args.command == "rdr":
         from obs.cli import _rdr_view as view
 

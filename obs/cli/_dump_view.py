@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from obs.cli._exit import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from obs.cli._render import console, err_console, error, markup_text, print_json, print_json_lines
+from obs.cli._render import console, err_console, error, markup_text, print_json, print_json_lines, say_written
 from obs.features.dump.reader import DumpReader, StatRow
 
 __all__ = ["run_diff", "run_ls", "run_stats"]
@@ -149,49 +149,121 @@ def run_stats(path: str, *, op: str | None, iteration: int | None, io: str | Non
 
 
 # -- diff ----------------------------------------------------------------------------------------
-def run_diff(a: str, b: str, *, rtol: float, atol: float, iteration: int | None, as_json: bool) -> int:
-    from obs.features.dump.diff import diff_dumps
+def _num(value: float | None, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}g}"
+
+
+def _metrics_text(op: Any) -> str:
+    from obs.features.dump.diff_report import cosine_text
+
+    parts = [f"{label} {cosine_text(op.cosine) if key == 'cosine' else _num(getattr(op, key))}" for key, label in
+             (("max_abs", "max abs"), ("max_rel", "max rel"), ("cosine", "cosine"), ("mean_rel", "mean rel"),
+              ("l2_rel", "l2 rel")) if getattr(op, key) is not None]
+    return ", ".join(parts) + f" (from {op.source}" + (": no cosine" if op.cosine is None else "") + ")"
+
+
+def _op_table(title: str, ops: list[Any]) -> Table:
+    from obs.features.dump.diff_report import cosine_text
+
+    table = Table(title=title, title_justify="left")
+    for column in ("iter", "#", "status", "op", "updates", "from", "max abs", "max rel", "cosine", "mean rel",
+                   "l2 rel"):
+        table.add_column(column, justify="left" if column in ("status", "op", "updates", "from") else "right",
+                         overflow="fold" if column == "op" else "ellipsis")
+    for op in ops:
+        name = op.name_a or ""
+        if op.name_b and (op.renamed or not op.name_a):
+            name += f" (B: {op.name_b})"
+        style = {"producer": "bold red", "carried": "yellow"}.get(op.status, "")
+        updates = op.parameter if op.parameter and op.op_type != "Parameter" else ""
+        table.add_row(str(op.iteration), str(op.index), f"[{style}]{op.status}[/]" if style else op.status,
+                      markup_text(name), markup_text(updates), op.source or "", _num(op.max_abs),
+                      _num(op.max_rel), cosine_text(op.cosine), _num(op.mean_rel), _num(op.l2_rel))
+    return table
+
+
+def _producer_table(op: Any) -> Table:
+    table = Table(show_header=False, box=None)
+    table.add_row("op", markup_text(op.name_a or ""))
+    if op.renamed:
+        table.add_row("in B", markup_text(op.name_b or ""))
+    table.add_row("type", markup_text(op.op_type))
+    if op.parameter and op.op_type != "Parameter":
+        table.add_row("updates", f"parameter {markup_text(op.parameter)}")
+    table.add_row("where", f"iteration {op.iteration} (rank {op.rank}), op #{op.index} of the aligned ops")
+    inputs = [t for t in op.tensors if t.io == "input"]
+    if not inputs:
+        table.add_row("inputs", "none compared (its first divergence)")
+    else:
+        worst = max((t.metrics.max_rel or 0.0) for t in inputs)
+        table.add_row("inputs", "agree exactly" if worst == 0 else
+                      f"agree within the tolerance (max rel {_num(worst)}: a difference below it, grown here)")
+    table.add_row("outputs", _metrics_text(op))
+    for t in op.tensors:
+        if not t.metrics.within:
+            table.add_row(f"{t.io} {t.slot}", markup_text(f"differs in {t.metrics.what}: A {_fmt(t.metrics.a)}, "
+                                                          f"B {_fmt(t.metrics.b)}"))
+    return table
+
+
+def run_diff(a: str, b: str, *, rtol: float | None, atol: float | None, tolerance: str | None,
+             iteration: int | None, top: int, html: str | None, as_json: bool) -> int:
+    from obs._core import safe_files
+    from obs.features.dump.diff import compare_dumps
+    from obs.features.dump.diff_metrics import Tolerance
+    from obs.features.dump.diff_report import render_html, report_dict
 
     ra, rb = DumpReader(a), DumpReader(b)
+    tol = Tolerance(tolerance, rtol, atol)
     total = len(ra.steps())
     bar = _progress(total, "comparing")
     if bar:
         task = bar.add_task("diff", total=total)
         bar.start()
     try:
-        result = diff_dumps(ra, rb, rtol=rtol, atol=atol, iterations=[iteration] if iteration is not None else None,
-                            progress=(lambda done, n: bar.update(task, completed=done, total=n)) if bar else None)
+        report = compare_dumps(ra, rb, tolerance=tol, iterations=[iteration] if iteration is not None else None,
+                               progress=(lambda done, n: bar.update(task, completed=done, total=n)) if bar else None)
     finally:
         if bar:
             bar.stop()
-    if as_json:
-        print_json({**dataclasses.asdict(result), "a": ra.path, "b": rb.path, "rtol": rtol, "atol": atol,
-                    "diverged": result.first is not None})
-        return EXIT_FAILURE if result.first is not None else EXIT_OK
-    out = console()
-    if not result.steps:
+    code = EXIT_FAILURE if report.diverged else EXIT_OK
+    if not report.steps and not as_json:
         error(f"the dumps share no (rank, iteration): A has {sorted(s.iteration for s in ra.steps())}, "
               f"B has {sorted(s.iteration for s in rb.steps())}")
         return EXIT_USAGE
-    out.print(f"compared {result.compared} tensors of {len(result.steps)} step(s) by {result.mode} "
-              f"(rtol={rtol:g}, atol={atol:g})")
-    if result.only_in_a or result.only_in_b:
-        out.print(f"[dim]steps only in A: {result.only_in_a}; only in B: {result.only_in_b}[/]")
-    d = result.first
-    if d is None:
+    if html:
+        safe_files.write_atomic(html, render_html(report, a=ra.path, b=rb.path, top=top), fsync=False)
+        say_written("HTML report", html)
+    if as_json:
+        print_json(report_dict(report, a=ra.path, b=rb.path, top=top))
+        return code
+    out = console()
+    inserted, removed, divergent = report.inserted, report.removed, report.divergent
+    out.print(f"compared {report.compared} tensors of {len(report.steps)} step(s) by {report.mode} "
+              f"({markup_text(tol.describe())}); {len(report.ops)} ops aligned: {len(inserted)} only in B (inserted), "
+              f"{len(removed)} only in A (removed)")
+    if report.only_in_a or report.only_in_b:
+        out.print(f"[dim]steps only in A: {report.only_in_a}; only in B: {report.only_in_b}[/]")
+    for what, ops in (("inserted (only in B)", inserted), ("removed (only in A)", removed)):
+        if ops:
+            more = f" and {len(ops) - top} more" if len(ops) > top else ""
+            out.print(f"{what}: " + ", ".join(f"{markup_text(op.name)} (iteration {op.iteration})"
+                                              for op in ops[:top]) + more)
+    if not divergent:
         out.print("[green]no divergence[/] beyond the tolerance")
-        return EXIT_OK
-    out.print(f"[bold red]first divergence[/] at iteration {d.iteration} (rank {d.rank}), op #{d.index} in "
-              f"execution order:")
-    table = Table(show_header=False, box=None)
-    table.add_row("op", markup_text(d.op_name))
-    table.add_row("type", markup_text(d.op_type))
-    table.add_row("tensor", f"{d.io} {d.slot}")
-    table.add_row("differs in", markup_text(d.what))
-    table.add_row("A", markup_text(_fmt(d.a)))
-    table.add_row("B", markup_text(_fmt(d.b)))
-    out.print(table)
-    return EXIT_FAILURE
+        return code
+    p = report.producer
+    if p is not None:
+        out.print("[bold red]producer[/]: the first op whose inputs agree and whose outputs do not")
+        out.print(_producer_table(p))
+    else:
+        out.print(f"[bold red]no producer[/]: the first divergent op, {markup_text(divergent[0].name)}, has inputs "
+                  "that already differ (made by an op not dumped, or not paired)")
+    out.print(_op_table(f"first divergences ({min(top, len(divergent))} of {len(divergent)} divergent ops: "
+                        f"{sum(op.status == 'producer' for op in divergent)} producing, "
+                        f"{sum(op.status == 'carried' for op in divergent)} carrying a difference on)",
+                        divergent[:top]))
+    return code
 
 
 # -- config check --------------------------------------------------------------------------------

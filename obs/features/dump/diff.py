@@ -1,24 +1,92 @@
-"""Compare two dumps (two seeds, two versions, CPU against GPU) and find the first op that diverges.
+"""Compare two dumps (two versions, CPU against GPU, bf16 against fp32, compiled against eager) and name the op that
+produced the difference.
 
-Steps are matched by rank and iteration; within a step, ops are walked in A's execution order and
-matched by (op name, IO, slot).  With ``statistic.csv`` on both sides the statistics they share are
-compared; otherwise the tensors themselves (loaded one pair at a time).  Two numbers agree when
-``|a - b| <= atol + rtol * |b|`` (NaN agrees with NaN, ``null`` with ``null``).  Pure: readers in,
-a :class:`DiffResult` out.
+Steps are matched by rank and iteration.  Within a step, the two runs' ops are lined up by a sequence alignment
+of their type, module scope, output shapes and coarse values (:mod:`obs.features.dump.diff_align`): an op inserted
+or removed on one side moves nothing else, and is listed.  Each aligned op's inputs and outputs are compared
+(:mod:`obs.features.dump.diff_compare`), by their tensors where both runs dumped them (one pair in memory at a time)
+and by their ``statistic.csv`` rows otherwise (:mod:`obs.features.dump.diff_metrics`), and the op gets a status:
+
+- ``producer``: its inputs agree within the tolerance and its outputs do not; the first is *the* producer;
+- ``carried``: inputs and outputs differ (it only carried a difference on);
+- ``absorbed``: its inputs differ and its outputs agree (a ReLU's zeros, a copy over a dropped value);
+- ``same``; ``removed`` (only in A) and ``inserted`` (only in B).
+
+An op with no inputs dumped (a parameter's row; every op of an outputs-only dump) is a producer when nothing
+diverged before it, and carried after.  An op outside every module in forward (an optimizer's update) names the
+parameter whose value is its first input (``OpDiff.parameter``).  Pure: readers in, a :class:`DiffReport` out.
+
+``diff_dumps`` keeps the earlier answer, the first tensor that diverges, as a :class:`DiffResult`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
+import gc
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from obs.features.dump.diff_align import align
+from obs.features.dump.diff_compare import SAME_STATISTICS, Parameters, StepComparer, TensorDiff
+from obs.features.dump.diff_metrics import Tolerance
+from obs.features.dump.diff_records import OpRecord, read_step
+from obs.features.dump.reader import Step
 
-from obs.features.dump.reader import DumpReader, StatRow, Step, TensorFile
+__all__ = ["DiffReport", "DiffResult", "Divergence", "OpDiff", "TensorDiff", "Tolerance", "compare_dumps",
+           "diff_dumps"]
 
-__all__ = ["DiffResult", "Divergence", "diff_dumps"]
+DIVERGENT = ("producer", "carried")
+
+
+def _key(op: OpRecord) -> tuple[Hashable, Hashable, Hashable, Hashable]:
+    """An op's alignment key: kind (phase and type), place (module scope, or a parameter's name), output shapes,
+    and a fingerprint of its first output's statistics (None from tensor files)."""
+    return (op.phase, op.op_type), op.scope, op.shapes, op.fingerprint
+
+
+@dataclass(slots=True)
+class OpDiff:
+    """One aligned op (or an op of one run only); ``index``: its position among all aligned ops of the comparison.
+
+    Metrics are the worst of its outputs' (of its inputs' where it has no output compared): the largest errors, the
+    smallest cosine; None where nothing gives them (a cosine from statistics)."""
+
+    index: int
+    rank: int
+    iteration: int
+    status: str
+    op_type: str
+    name_a: str | None
+    name_b: str | None
+    phase: str
+    inputs_agree: bool | None = None
+    outputs_agree: bool | None = None
+    source: str | None = None  #: "tensors", "statistics", "tensors+statistics", or None (nothing compared)
+    max_abs: float | None = None
+    max_rel: float | None = None
+    cosine: float | None = None
+    mean_rel: float | None = None
+    l2_rel: float | None = None
+    tensors: tuple[TensorDiff, ...] = ()
+    parameter: str | None = None  #: the parameter it is (a Parameter row) or updates (an optimizer's op)
+
+    @property
+    def name(self) -> str:
+        return self.name_a or self.name_b or ""
+
+    @property
+    def divergent(self) -> bool:
+        return self.status in DIVERGENT
+
+    @property
+    def renamed(self) -> bool:
+        """Whether B names the op otherwise than A, its index in the step (``-op12``) aside."""
+        return bool(self.name_a and self.name_b) and _unindexed(self.name_a or "") != _unindexed(self.name_b or "")
+
+
+def _unindexed(name: str) -> str:
+    cut = name.rfind("-op")
+    return name[:cut] if cut > 0 and name[cut + 3:].isdigit() else name
 
 
 @dataclass(frozen=True)
@@ -27,109 +95,187 @@ class Divergence:
 
     rank: int
     iteration: int
-    index: int  #: position of the op's row in A's step (execution order)
+    index: int  #: position of the tensor's row in A's step (execution order)
     op_type: str
     op_name: str
     io: str
     slot: int
-    what: str  #: the statistic ("max", "l2norm"), "values", "shape", "dtype" or "missing"
+    what: str  #: the statistic ("max", "l2norm"), "values" or "shape"
     a: Any
     b: Any
 
 
 @dataclass(frozen=True)
+class DiffReport:
+    """What ``obs dump diff`` found: every aligned op of every shared step, in order, and the producer."""
+
+    tolerance: Tolerance
+    steps: list[tuple[int, int]]  #: (rank, iteration) compared
+    only_in_a: list[tuple[int, int]]
+    only_in_b: list[tuple[int, int]]
+    mode: str  #: how tensors were compared: "tensors", "statistics", "tensors+statistics" (or "none")
+    compared: int  #: tensors compared
+    ops: list[OpDiff] = field(repr=False)
+    producer: OpDiff | None
+    first: Divergence | None  #: the first tensor outside the tolerance, in execution order
+
+    @property
+    def diverged(self) -> bool:
+        return self.first is not None
+
+    @property
+    def divergent(self) -> list[OpDiff]:
+        return [op for op in self.ops if op.status in DIVERGENT]
+
+    @property
+    def inserted(self) -> list[OpDiff]:
+        """Ops only in B."""
+        return [op for op in self.ops if op.status == "inserted"]
+
+    @property
+    def removed(self) -> list[OpDiff]:
+        """Ops only in A."""
+        return [op for op in self.ops if op.status == "removed"]
+
+
+@dataclass(frozen=True)
 class DiffResult:
+    """:func:`diff_dumps`' answer: the first divergent tensor."""
+
     compared: int  #: tensors compared
     steps: list[tuple[int, int]]  #: (rank, iteration) compared
     only_in_a: list[tuple[int, int]]
     only_in_b: list[tuple[int, int]]
-    mode: str  #: "statistics" or "tensors"
+    mode: str  #: "statistics", "tensors" or "tensors+statistics"
     first: Divergence | None
 
 
-def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    if isinstance(a, str) or isinstance(b, str):
-        return a == b
-    a, b = float(a), float(b)
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    if math.isinf(a) or math.isinf(b):
-        return a == b
-    return abs(a - b) <= atol + rtol * abs(b)
-
-
-def _steps(reader: DumpReader) -> dict[tuple[int, int], Step]:
+def _steps(reader: Any) -> dict[tuple[int, int], Step]:
     out: dict[tuple[int, int], Step] = {}
     for step in reader.steps():
         out.setdefault((step.rank, step.iteration), step)
     return out
 
 
-def diff_dumps(a: DumpReader, b: DumpReader, *, rtol: float = 1e-5, atol: float = 1e-8,
-               iterations: list[int] | None = None,
-               progress: Callable[[int, int], None] | None = None) -> DiffResult:
-    """The first op whose statistics (or values) differ beyond the tolerance, in execution order."""
+_Worst = tuple[float | None, float | None, float | None, float | None, float | None]  # max abs, max rel, cosine, ...
+
+
+def _worst(diffs: list[TensorDiff]) -> _Worst:
+    def largest(values: list[float | None]) -> float | None:
+        found = [v for v in values if v is not None]
+        return max(found) if found else None
+
+    ms = [d.metrics for d in diffs]
+    cosines = [m.cosine for m in ms if m.cosine is not None]
+    return (largest([m.max_abs for m in ms]), largest([m.max_rel for m in ms]), min(cosines) if cosines else None,
+            largest([m.mean_rel for m in ms]), largest([m.l2_rel for m in ms]))
+
+
+def _status(inputs: bool | None, outputs: bool | None, diverged_before: bool) -> str:
+    if outputs is False and inputs is True:
+        return "producer"
+    if outputs is False and inputs is False:
+        return "carried"
+    if outputs is False or (outputs is None and inputs is False):  # one side of the op only
+        return "carried" if diverged_before else "producer"
+    return "absorbed" if inputs is False else "same"
+
+
+_SAME: _Worst = (0.0, 0.0, None, 0.0, 0.0)  # the metrics of an op whose tensors' statistics are all the same text
+
+
+def _op_diff(oa: OpRecord, ob: OpRecord, diffs: list[TensorDiff], index: int, key: tuple[int, int],
+             diverged_before: bool) -> OpDiff:
+    in_ok: bool | None = None
+    out_ok: bool | None = None
+    same = True
+    sources = set()
+    for t in diffs:
+        within = t.metrics.within
+        if t.io == "input":
+            in_ok = within if in_ok is None else in_ok and within
+        else:
+            out_ok = within if out_ok is None else out_ok and within
+        if t.metrics is not SAME_STATISTICS:
+            same = False
+        sources.add(t.source)
+    source = ("tensors+statistics" if len(sources) == 2 else next(iter(sources))) if sources else None
+    worst = _SAME if same else _worst([t for t in diffs if t.io != "input"] or diffs)
+    max_abs, max_rel, cosine, mean_rel, l2_rel = worst
+    return OpDiff(index, key[0], key[1], _status(in_ok, out_ok, diverged_before), oa.op_type, oa.name, ob.name,
+                  oa.phase, in_ok, out_ok, source, max_abs, max_rel, cosine, mean_rel, l2_rel, tuple(diffs),
+                  oa.name if oa.phase == "parameter" else None)
+
+
+def compare_dumps(a: Any, b: Any, *, tolerance: Tolerance | None = None, iterations: list[int] | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> DiffReport:
+    """Every shared step of ``a`` and ``b`` (two :class:`~obs.features.dump.reader.DumpReader`, or objects with
+    their ``steps``, ``statistics`` and ``tensors``), aligned and compared op by op."""
+    collecting = gc.isenabled()
+    gc.disable()  # hundreds of thousands of small objects and no cycle: the collector would walk them again and again
+    try:
+        return _compare(a, b, tolerance or Tolerance(), iterations, progress)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _compare(a: Any, b: Any, tolerance: Tolerance, iterations: list[int] | None,
+             progress: Callable[[int, int], None] | None) -> DiffReport:
     sa, sb = _steps(a), _steps(b)
     keys = sorted(k for k in sa if k in sb and (iterations is None or k[1] in iterations))
-    stats = all(any(True for _ in a.statistics(sa[k])) and any(True for _ in b.statistics(sb[k])) for k in keys)
-    mode = "statistics" if keys and stats else "tensors"
-    compared, first = 0, None
-    total = len(keys)
+    tolerances: dict[tuple[str, str], tuple[float, float]] = {}
+    ops: list[OpDiff] = []
+    sources: set[str] = set()
+    compared = 0
+    producer: OpDiff | None = None
+    first: Divergence | None = None
+    diverged = False
     for n, key in enumerate(keys):
-        if mode == "statistics":
-            done, first = _diff_rows(list(a.statistics(sa[key])), list(b.statistics(sb[key])), key, rtol, atol)
-        else:
-            done, first = _diff_tensors(list(a.tensors(sa[key])), list(b.tensors(sb[key])), key, rtol, atol)
-        compared += done
+        ra, rb = read_step(a, sa[key]), read_step(b, sb[key])
+        pairs = align(ra.ops, rb.ops, _key)
+        comparer = StepComparer(ra, rb, tolerance, tolerances)
+        both = [(ra.ops[i], rb.ops[j]) for i, j in pairs if i is not None and j is not None]
+        compared_ops = iter(comparer.compare(both))
+        sources |= comparer.sources
+        parameters = Parameters(ra)
+        for i, j in pairs:
+            if j is None and i is not None:
+                op = ra.ops[i]
+                ops.append(OpDiff(len(ops), key[0], key[1], "removed", op.op_type, op.name, None, op.phase))
+                continue
+            if i is None and j is not None:
+                op = rb.ops[j]
+                ops.append(OpDiff(len(ops), key[0], key[1], "inserted", op.op_type, None, op.name, op.phase))
+                continue
+            oa, ob = ra.ops[i], rb.ops[j]  # type: ignore[index]
+            tensors = next(compared_ops)
+            compared += len(tensors)
+            diff = _op_diff(oa, ob, tensors, len(ops), key, diverged)
+            if diff.divergent:
+                diverged = True
+                if diff.parameter is None and oa.phase == "forward" and oa.scope == "Default":
+                    diff.parameter = parameters.updated_by(oa)
+                if diff.status == "producer" and producer is None:
+                    producer = diff
+            if first is None:
+                bad = next((t for t in tensors if not t.metrics.within), None)
+                if bad is not None:
+                    m = bad.metrics
+                    first = Divergence(key[0], key[1], bad.row, oa.op_type, oa.name, bad.io, bad.slot, m.what, m.a,
+                                       m.b)
+            ops.append(diff)
         if progress is not None:
-            progress(n + 1, total)
-        if first is not None:
-            break
-    return DiffResult(compared, keys, sorted(k for k in sa if k not in sb), sorted(k for k in sb if k not in sa),
-                      mode, first)
+            progress(n + 1, len(keys))
+    mode = "+".join(s for s in ("tensors", "statistics") if s in sources) or "none"
+    return DiffReport(tolerance, keys, sorted(k for k in sa if k not in sb), sorted(k for k in sb if k not in sa),
+                      mode, compared, ops, producer, first)
 
 
-def _walk(items_a: list[Any], items_b: list[Any], key: tuple[int, int],
-          compare: Callable[[Any, Any], tuple[str, Any, Any] | None]) -> tuple[int, Divergence | None]:
-    """A's items in order, each matched with B's by (op name, IO, slot); the first ``compare`` objects to."""
-    index_b = {(t.op_name, t.io, t.slot): t for t in items_b}
-    for i, a in enumerate(items_a):
-        b = index_b.get((a.op_name, a.io, a.slot))
-        found = ("missing", "present", "absent") if b is None else compare(a, b)
-        if found is not None:
-            return i, Divergence(key[0], key[1], i, a.op_type, a.op_name, a.io, a.slot, *found)
-    return len(items_a), None
+def diff_dumps(a: Any, b: Any, *, rtol: float = 1e-5, atol: float = 1e-8, iterations: list[int] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> DiffResult:
+    """The first tensor, in execution order, whose values (or statistics) differ beyond the tolerance; see
+    :func:`compare_dumps` for the producer and every op's metrics."""
+    report = compare_dumps(a, b, tolerance=Tolerance(None, rtol, atol), iterations=iterations, progress=progress)
+    return DiffResult(report.compared, report.steps, report.only_in_a, report.only_in_b, report.mode, report.first)
 
-
-def _diff_rows(rows_a: list[StatRow], rows_b: list[StatRow], key: tuple[int, int], rtol: float,
-               atol: float) -> tuple[int, Divergence | None]:
-    def compare(ra: StatRow, rb: StatRow) -> tuple[str, Any, Any] | None:
-        if ra.shape != rb.shape:
-            return "shape", ra.shape, rb.shape
-        for stat, va in ra.stats.items():
-            if stat in rb.stats and not _close(va, rb.stats[stat], rtol, atol):
-                return stat, va, rb.stats[stat]
-        return None
-    return _walk(rows_a, rows_b, key, compare)
-
-
-def _diff_tensors(files_a: list[TensorFile], files_b: list[TensorFile], key: tuple[int, int], rtol: float,
-                  atol: float) -> tuple[int, Divergence | None]:
-    def compare(ta: TensorFile, tb: TensorFile) -> tuple[str, Any, Any] | None:
-        if ta.dtype != tb.dtype:
-            return "dtype", ta.dtype, tb.dtype
-        xa, xb = ta.load(), tb.load()
-        if xa.shape != xb.shape:
-            return "shape", xa.shape, xb.shape
-        if xa.dtype.kind in "fc" or xb.dtype.kind in "fc":
-            same = np.allclose(xa, xb, rtol=rtol, atol=atol, equal_nan=True)
-        else:
-            same = np.array_equal(xa, xb)
-        if same:
-            return None
-        with np.errstate(invalid="ignore"):
-            gap = np.nanmax(np.abs(xa.astype(np.float64) - xb.astype(np.float64))) if xa.size else 0.0
-        return "values", f"max |a-b| = {float(gap):.6g}", f"rtol={rtol}, atol={atol}"
-    return _walk(files_a, files_b, key, compare)

@@ -36,7 +36,7 @@ from obs.features.dump.statistic_csv import FIXED_COLUMNS
 from obs.settings.dump_config import CATEGORY_COLUMNS
 
 __all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "TensorKey", "initial_iteration", "load_npy",
-           "parse_tensor_name", "read_statistic_csv"]
+           "parse_tensor_name", "read_statistic_csv", "read_statistic_fields"]
 
 _MAX_CSV = 1 << 30  # a statistic.csv larger than this is not one of ours
 _COLUMN_KEYS = {column: key for key, column in reversed(CATEGORY_COLUMNS.items())}
@@ -168,8 +168,8 @@ def _value(text: str) -> Any:
         return text  # MD5 / SHA1
 
 
-def read_statistic_csv(path: str, step: Step | None = None) -> list[StatRow]:
-    """The rows of one ``statistic.csv``; a file that is not one is NotOurFileError, a bad row DamagedFileError."""
+def _statistic_text(path: str) -> tuple[list[str], str, str]:
+    """A ``statistic.csv``'s statistic keys (``"max"``, ``"l2norm"``), its header line and the text below it."""
     data = safe_files.read_private(path, limit=_MAX_CSV + 1)
     if len(data) > _MAX_CSV:
         raise NotOurFileError(f"{path}: larger than {_MAX_CSV} bytes; not a statistic.csv obs reads", path=path)
@@ -187,7 +187,25 @@ def read_statistic_csv(path: str, step: Step | None = None) -> list[StatRow]:
     unknown = [c for c in extra if c not in _COLUMN_KEYS]
     if unknown:
         raise DamagedFileError(f"{path}: unknown statistic column {unknown[0]!r} in the header", path=path, offset=0)
-    keys = [_COLUMN_KEYS[c] for c in extra]
+    return [_COLUMN_KEYS[c] for c in extra], header, body
+
+
+def read_statistic_fields(path: str) -> tuple[list[str], list[list[str]]]:
+    """A ``statistic.csv`` unparsed, for readers of many rows (``obs dump diff``): its statistic keys, and each row's
+    fields as text (the 10 fixed columns, then the statistics in the keys' order).  The header and each row's
+    number of fields, IO and slot are checked as :func:`read_statistic_csv` checks them, with the same errors."""
+    keys, _, body = _statistic_text(path)
+    width = 10 + len(keys)
+    rows = [fields for fields in csv.reader(io.StringIO(body, newline="")) if fields]  # blank lines: no fields
+    if any(len(fields) != width or fields[5] not in ("input", "output") or not fields[6].isdigit() for fields in rows):
+        read_statistic_csv(path)  # raises DamagedFileError with the bad row's byte offset
+        raise DamagedFileError(f"{path}: a quoted field runs across lines", path=path, offset=0)
+    return keys, rows
+
+
+def read_statistic_csv(path: str, step: Step | None = None) -> list[StatRow]:
+    """The rows of one ``statistic.csv``; a file that is not one is NotOurFileError, a bad row DamagedFileError."""
+    keys, header, body = _statistic_text(path)
     rows: list[StatRow] = []
     offset = len(header) + 1
     for line in body.splitlines(keepends=True):

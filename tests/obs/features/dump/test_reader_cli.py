@@ -105,10 +105,16 @@ def test_diff_finds_a_planted_divergence_and_none_between_equal_runs(tmp_path):
     b = dump_run(tmp_path / "b")
     c = dump_run(tmp_path / "c", plant=lambda net: net.fc2.weight.mul_(1.01))
     same = diff_dumps(DumpReader(str(a)), DumpReader(str(b)))
-    assert same.first is None and same.mode == "statistics" and same.compared > 50
+    # both runs dumped tensors (saved_data "full"): compared value by value, not by their statistics
+    assert same.first is None and same.mode == "tensors" and same.compared > 50
     found = diff_dumps(DumpReader(str(a)), DumpReader(str(c))).first
     # the planted weight itself (its Parameter row), then the first op that reads it
-    assert (found.iteration, found.op_type, found.op_name, found.what) == (0, "Parameter", "fc2_weight", "max")
+    assert (found.iteration, found.op_type, found.op_name, found.what) == (0, "Parameter", "fc2_weight", "values")
+    statistics = diff_dumps(DumpReader(str(dump_run(tmp_path / "sa", saved="statistic"))),
+                            DumpReader(str(dump_run(tmp_path / "sc", saved="statistic",
+                                                    plant=lambda net: net.fc2.weight.mul_(1.01)))))
+    assert statistics.mode == "statistics" and (statistics.first.op_name, statistics.first.what) == ("fc2_weight",
+                                                                                                     "max")
     rows_without_parameters = diff_dumps(*(_without_parameters(DumpReader(str(p))) for p in (a, c))).first
     assert (rows_without_parameters.op_name, rows_without_parameters.io) == ("Default_net-Net_fc2-Linear_T-op4",
                                                                              "input")
