@@ -4,7 +4,8 @@
 It ends when the trainer closes its end of the stdin pipe, or dies however it dies (the pipe closes, the
 parent pid changes): it then reads what is left in the ring, which outlives the trainer, exports it,
 writes ``status_<trainer pid>.json`` (counts and the summary) and removes the ring.  Also runnable on
-a thread (:func:`run` with an ``alive`` callable) where no process can be started.
+a thread (:func:`run` with an ``alive`` callable) where no process can be started.  With ``metrics`` it also
+records each step's metrics (:mod:`exporters.metrics`) and serves or sends them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class ExportConfig:
     poll_s: float = 0.1
     flush_deadline_s: float = 2.0
     keep_ring: bool = False
+    metrics: tuple[str, ...] = ()  #: metric exporters: otlp, prometheus
+    prometheus_host: str = "localhost"
+    prometheus_port: int = 9464  #: this rank's (the base port plus LOCAL_RANK)
+    batch_size: int = 0
+    tokens_per_step: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -47,6 +53,7 @@ class ExportConfig:
     def from_json(cls, text: str) -> ExportConfig:
         data = json.loads(text)
         data["levels"] = tuple(data.get("levels", ("training_trace",)))
+        data["metrics"] = tuple(data.get("metrics", ()))
         return cls(**data)
 
 
@@ -100,6 +107,14 @@ class Exporter:
         self._shown_drops = 0
         self._last_step: int | None = None
         self.lost_steps = 0  #: steps overwritten in the ring before the exporter read them
+        self.metrics: Any = None
+        if config.metrics and disabled:
+            self.notes.append("OTEL_SDK_DISABLED=true: no metrics")
+        elif config.metrics:
+            from exporters.metrics import Metrics
+
+            self.metrics = Metrics(config, self.resource, rank=header.rank, name=self.follower.string,
+                                   environ=os.environ)
 
     def step(self, *, final: bool = False) -> None:
         if not final and self.sender is not None and self.sender.backlog >= self.sender.max_spans:
@@ -111,6 +126,8 @@ class Exporter:
                 self._identity(marker)
         records = self.assembler.feed(slots)
         records += self.assembler.drain() if final else self.assembler.idle(time.time_ns())
+        if self.metrics is not None:
+            self.metrics.feed(slots, records)  # every step, whatever `steps` selects for the traces
         self._export(records, final=final)
 
     def _identity(self, marker: dict[str, Any]) -> None:
@@ -123,6 +140,8 @@ class Exporter:
         self.world_size = int(marker.get("world_size", self.world_size))
         self.resource = resource({**header.meta, "run_id": self.run_id}, rank=self.rank, world_size=self.world_size,
                                  pid=header.pid)
+        if self.metrics is not None:
+            self.metrics.identity(self.resource, self.rank)
 
     def _export(self, records: list[Any], *, final: bool = False) -> None:
         from exporters.otlp import readable_spans, request_json
@@ -194,7 +213,8 @@ class Exporter:
                 "exported": self.sender.exported if self.sender is not None else self.counts.written,
                 "dropped": self.dropped(), "last_error": getattr(self.sender, "last_error", ""),
                 "ring_overrun": {"steps": self.lost_steps, "events": sum(self.follower.lost.values())},
-                "notes": self.notes,
+                "metrics": self.metrics.status() if self.metrics is not None else None,
+                "notes": self.notes + (self.metrics.notes if self.metrics is not None else []),
                 "summary": self.summary.result(dropped=self.dropped(), endpoint=self.endpoint).as_dict()}
 
     def write_status(self, *, done: bool) -> None:
@@ -206,6 +226,8 @@ class Exporter:
     def close(self) -> None:
         if self.sender is not None:
             self.sender.close(self.config.flush_deadline_s)
+        if self.metrics is not None:
+            self.metrics.close(self.config.flush_deadline_s)
         for writer in (self.jsonl, self.chrome):
             if writer is not None:
                 writer.close()
@@ -264,6 +286,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("term", True))
     alive = _trainer_alive(config.trainer_pid)
     exporter = run(config, lambda timeout: not stop["term"] and alive(timeout))
-    for note in exporter.notes:
+    for note in exporter.notes + (exporter.metrics.notes if exporter.metrics is not None else []):
         print(f"obs profiler: {note}", file=sys.stderr)
     return 0

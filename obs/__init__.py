@@ -23,6 +23,7 @@ from obs.features.dump import feature as _dump
 from obs.features.env_config import ObsConfigWarning, env_config
 from obs.features.graphs import dump_graph
 from obs.features.printing import Print
+from obs.features.profiler.scalars import scalar
 from obs.runtime import loader as _loader
 from obs.runtime.steps import step, steps
 from obs.settings._context import get_context, register_applier, reset_context, set_context
@@ -46,8 +47,8 @@ __all__ = [
     "Print", "Subscription", "__version__", "bus", "compile", "device", "device_context", "dump", "dump_graph",
     "env_config", "get_auto_parallel_context", "get_context", "get_ps_context", "graphs", "internal_error_counts",
     "ops", "parse_print", "profiling", "rank", "rdr", "reset_auto_parallel_context", "reset_context",
-    "reset_ps_context", "set_auto_parallel_context", "set_context", "set_ps_context", "step", "steps", "subscribe",
-    "world_size",
+    "reset_ps_context", "scalar", "set_auto_parallel_context", "set_context", "set_ps_context", "step", "steps",
+    "subscribe", "world_size",
 ]
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "MAX_RING_BYTES", "PHASE_CODES",
-           "PHASE_NAMES", "RINGS", "SLOT", "STRINGS_USED_AT", "VERSION", "Header", "Kind", "Region", "check_capacity",
-           "plan"]
+           "PHASE_NAMES", "RINGS", "SCALAR_SLOT", "SLOT", "STRINGS_USED_AT", "VERSION", "Header", "Kind", "Region",
+           "check_capacity", "plan"]
 
 MAGIC = b"OBSRING\x01"
 VERSION = 1
@@ -37,6 +37,8 @@ BLOB_SIZE = 2048
 
 #: seq, idx, t_ns, kind, flags, a, b, c, d
 SLOT = struct.Struct("<QQqHHiqqq")
+#: A SCALAR slot: SLOT's layout with ``d`` a float64 (the value), so a reader views ``d`` as ``<f8``
+SCALAR_SLOT = struct.Struct("<QQqHHiqqd")
 #: seq, t_ns, kind, length, idx (1-based count of blobs written)
 BLOB = struct.Struct("<QqHHI")
 #: magic, version, pid, rank, world_size, wall_ns, mono_ns, strings (off, cap, used), blobs (off, cap), n_rings
@@ -61,6 +63,7 @@ class Kind(enum.IntEnum):
     MEMORY = 6
     COLLECTIVE = 7
     PHASE = 8  # a phase of a step (data, forward, backward, optimizer) ended: written by the profiler's ring
+    SCALAR = 9  # obs.scalar(name, value), in the profiler's ring: a name id, b step, d the value (SCALAR_SLOT)
     PRINT = 20
     FAULT = 21
     SETTINGS = 22
@@ -70,7 +73,7 @@ class Kind(enum.IntEnum):
 
 #: ring name → the kinds it holds; blobs hold the kinds >= 20
 RINGS: dict[str, tuple[Kind, ...]] = {
-    "step": (Kind.STEP_BEGIN, Kind.STEP_END, Kind.PHASE),
+    "step": (Kind.STEP_BEGIN, Kind.STEP_END, Kind.PHASE, Kind.SCALAR),
     "module": (Kind.MODULE_ENTER, Kind.MODULE_EXIT),
     "op": (Kind.OP,),
     "memory": (Kind.MEMORY,),

@@ -16,7 +16,7 @@ OBS_ALL = [
     "Subscription", "__version__", "bus", "compile", "device", "device_context", "dump", "dump_graph", "env_config",
     "get_auto_parallel_context", "get_context", "get_ps_context", "internal_error_counts", "ops", "parse_print",
     "graphs", "profiling", "rank", "rdr",
-    "reset_auto_parallel_context", "reset_context", "reset_ps_context", "set_auto_parallel_context",
+    "reset_auto_parallel_context", "reset_context", "reset_ps_context", "scalar", "set_auto_parallel_context",
     "set_context", "set_ps_context", "step", "steps", "subscribe", "world_size",
 ]
 

@@ -26,7 +26,7 @@ from obs.settings._validators import (
     show,
 )
 from obs.settings.dump_config import JsonObject, check_dump_section
-from obs.settings.profiler_options import Endpoint, Levels, Steps
+from obs.settings.profiler_options import METRICS_OPTIONS, Endpoint, Levels, Steps
 from recorder.layout import DEFAULT_CAPACITY, check_capacity
 
 __all__ = ["ENV_VARS", "SECTIONS", "ConfigFileError", "EnvConfig", "Problem", "load_file", "parse_env", "parse_text",
@@ -67,6 +67,7 @@ SECTIONS: dict[str, OptionTable] = {
                "modules)."),
         Option("max_file_mb", Int(min=1, max=1 << 20), 100, "Local trace files are rotated at this size (MiB); "
                "the 5 newest rotated files are kept."),
+        *METRICS_OPTIONS,
     ]),
     "sys": OptionTable("sys", [
         Option("mem_reuse", Bool(), True, "Reuse device memory between ops."),

@@ -6,6 +6,10 @@ and the one :class:`ProfileRequest` both resolve to.
 "training_trace": "on", "task_trace": "on", "op_trace": "on"}'``).  The original's Ascend-only
 keys (``aicpu``, ``fp_point``, ``aic_metrics``, ...) are accepted and have no effect.  The file's
 ``profiler`` section wins over the context keys for what it sets.  Light: no torch, no opentelemetry.
+
+Metrics (:data:`METRICS_OPTIONS`, rows of the ``profiler`` section) fall back to OpenTelemetry's standard
+variables where a key is left empty: ``OTEL_METRICS_EXPORTER``, ``OTEL_EXPORTER_PROMETHEUS_HOST`` and
+``OTEL_EXPORTER_PROMETHEUS_PORT``; each rank serves Prometheus on the port plus its ``LOCAL_RANK``.
 """
 
 from __future__ import annotations
@@ -16,15 +20,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from obs.settings._validators import Validator, did_you_mean, fail, type_fail
+from obs._core import env
+from obs._core.errors import ObsConfigError
+from obs.settings._table import Option
+from obs.settings._validators import Choice, Int, Str, Validator, did_you_mean, fail, type_fail
 
-__all__ = ["ASCEND_ONLY", "DEFAULT_OUTPUT", "LEVELS", "Endpoint", "Levels", "ProfileRequest", "ProfilingOptions",
-           "Steps", "parse_levels", "request"]
+__all__ = ["ASCEND_ONLY", "DEFAULT_OUTPUT", "DEFAULT_PROMETHEUS_HOST", "DEFAULT_PROMETHEUS_PORT", "LEVELS",
+           "METRICS_EXPORTERS", "METRICS_OPTIONS", "Endpoint", "Levels", "ProfileRequest", "ProfilingOptions", "Steps",
+           "metrics_exporters", "parse_levels", "prometheus_address", "request"]
 
 LEVELS = ("training_trace", "task_trace", "op_trace")
 ASCEND_ONLY = ("aicpu", "fp_point", "bp_point", "aic_metrics", "hccl", "storage_limit", "profile_memory",
                "profile_communication")
 DEFAULT_OUTPUT = "./obs_profile"
+METRICS_EXPORTERS = ("otlp", "prometheus")
+DEFAULT_PROMETHEUS_HOST = "localhost"  # OpenTelemetry's defaults for its Prometheus exporter
+DEFAULT_PROMETHEUS_PORT = 9464
 
 
 def parse_levels(value: Any, name: str) -> tuple[str, ...]:
@@ -132,6 +143,56 @@ class Endpoint(Validator):
         return "URL (empty: OTEL_EXPORTER_OTLP_ENDPOINT, else local files)"
 
 
+#: The ``profiler`` section's metrics rows (obs.settings.env_config puts them in the section's table).
+METRICS_OPTIONS = [
+    Option("metrics", Choice(("", "off", "otlp", "prometheus", "otlp,prometheus")), "",
+           "Metrics per rank and step (step and phase times, steps/s, samples or tokens/s, peak memory, time in "
+           "collectives, obs.scalar values), from the exporter process: off, otlp, prometheus or both "
+           "('otlp,prometheus'); empty: OTEL_METRICS_EXPORTER, else off."),
+    Option("prometheus_host", Str(pattern=r"[^\s/]*", expectation="a host name or address (no spaces, no '/')"), "",
+           "Address the Prometheus endpoint listens on (empty: OTEL_EXPORTER_PROMETHEUS_HOST, else localhost)."),
+    Option("prometheus_port", Int(min=0, max=65535), 0, "Prometheus port of local rank 0; each rank serves this "
+           "plus its LOCAL_RANK (0: OTEL_EXPORTER_PROMETHEUS_PORT, else 9464)."),
+    Option("batch_size", Int(min=0), 0, "Samples per step, for obs.samples (samples/s); 0: not given."),
+    Option("tokens_per_step", Int(min=0), 0, "Tokens per step, for obs.tokens (tokens/s); 0: not given."),
+]
+
+
+def metrics_exporters(setting: str, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The metric exporters in force: ``profiler.metrics``, or where it is empty ``OTEL_METRICS_EXPORTER`` (a
+    comma-separated list of otlp, prometheus, none); () when off.  A bad variable raises naming it."""
+    if setting:
+        return () if setting == "off" else tuple(setting.split(","))
+    raw = env.text(env.OTEL_METRICS_EXPORTER, environ=environ).strip().lower()
+    parts = [p.strip() for p in raw.split(",") if p.strip()]
+    for part in parts:
+        if part not in (*METRICS_EXPORTERS, "none"):
+            raise ObsConfigError(f"environment variable {env.OTEL_METRICS_EXPORTER} must list exporters among otlp, "
+                                 f"prometheus, none, separated by commas (got {raw!r}); or set profiler.metrics",
+                                 option=env.OTEL_METRICS_EXPORTER, value=raw)
+    return tuple(e for e in METRICS_EXPORTERS if e in parts)
+
+
+def prometheus_address(host: str, port: int, environ: Mapping[str, str]) -> tuple[str, int]:
+    """(host, port) this rank serves Prometheus on: the settings, else the standard variables, else localhost:9464;
+    the port plus ``LOCAL_RANK``.  A bad variable raises naming it."""
+    host = host or env.text(env.OTEL_EXPORTER_PROMETHEUS_HOST, DEFAULT_PROMETHEUS_HOST, environ).strip()
+    try:
+        base = port or env.integer(env.OTEL_EXPORTER_PROMETHEUS_PORT, DEFAULT_PROMETHEUS_PORT, environ)
+        local = env.integer(env.LOCAL_RANK, 0, environ)
+    except ValueError as exc:
+        raise ObsConfigError(str(exc)) from None
+    if not 1 <= base <= 65535:
+        raise ObsConfigError(f"environment variable {env.OTEL_EXPORTER_PROMETHEUS_PORT} must be a port in [1, 65535] "
+                             f"(got {base}); or set profiler.prometheus_port", option=env.OTEL_EXPORTER_PROMETHEUS_PORT,
+                             value=base)
+    if local < 0 or base + local > 65535:
+        raise ObsConfigError(f"the Prometheus port of this rank, {base} + LOCAL_RANK {local}, is not a port in "
+                             f"[1, 65535]; lower profiler.prometheus_port (or {env.OTEL_EXPORTER_PROMETHEUS_PORT})",
+                             option="prometheus_port", value=base)
+    return host, base + local
+
+
 @dataclass(frozen=True)
 class ProfileRequest:
     """What the profiler does, resolved from the context keys and the env config file (None: profiling off)."""
@@ -144,12 +205,17 @@ class ProfileRequest:
     span_budget: int
     module_depth: int
     max_file_mb: int
+    metrics: tuple[str, ...] = ()  #: metric exporters: otlp, prometheus (none: metrics off)
+    prometheus: tuple[str, int] = (DEFAULT_PROMETHEUS_HOST, DEFAULT_PROMETHEUS_PORT)  #: this rank's host and port
+    batch_size: int = 0
+    tokens_per_step: int = 0
 
 
-def request(context: Mapping[str, Any], section: Mapping[str, Any], origins: Mapping[str, str]) -> \
-        ProfileRequest | None:
+def request(context: Mapping[str, Any], section: Mapping[str, Any], origins: Mapping[str, str],
+            environ: Mapping[str, str] | None = None) -> ProfileRequest | None:
     """``context``: enable_profiling / profiling_options in force; ``section``: the file's profiler section
-    values (with ``origins``: "default" or where a value came from)."""
+    values (with ``origins``: "default" or where a value came from); ``environ``: the variables metrics fall back
+    to (default ``os.environ``)."""
     from_file = {key for key, origin in origins.items() if origin != "default"}
     enabled = section["enable"] if "enable" in from_file else bool(context.get("enable_profiling"))
     if not enabled:
@@ -166,7 +232,12 @@ def request(context: Mapping[str, Any], section: Mapping[str, Any], origins: Map
         levels = parse_levels(section["options"], "profiler.options")
     if "output" in from_file or not output:
         output = section["output"] or output
+    environ = os.environ if environ is None else environ
+    metrics = metrics_exporters(section.get("metrics", ""), environ)
+    prometheus = (prometheus_address(section.get("prometheus_host", ""), section.get("prometheus_port", 0), environ)
+                  if "prometheus" in metrics else (DEFAULT_PROMETHEUS_HOST, DEFAULT_PROMETHEUS_PORT))
     return ProfileRequest(levels=levels, output=os.path.abspath(output or DEFAULT_OUTPUT),
                           endpoint=section["endpoint"], protocol=section["protocol"], steps=section["steps"],
                           span_budget=section["span_budget"], module_depth=section["module_depth"],
-                          max_file_mb=section["max_file_mb"])
+                          max_file_mb=section["max_file_mb"], metrics=metrics, prometheus=prometheus,
+                          batch_size=section.get("batch_size", 0), tokens_per_step=section.get("tokens_per_step", 0))

@@ -7,6 +7,11 @@ when :meth:`ProfileSession.close` closes its stdin pipe, or when this process di
 the ring on disk keeps the last steps for it).  Where no process can be started, the exporter runs on
 a thread here instead (it then competes with training for the GIL), and says so once.
 
+With metrics on (``profiler.metrics``, ``OTEL_METRICS_EXPORTER``) the session also writes each step end's
+memory reading (MEMORY: ``c`` the bytes in use, ``d`` the peak: CUDA's allocated peak, on CPU the resident
+size), every finished collective (COLLECTIVE: ``c`` its duration) and ``obs.scalar`` values (SCALAR); the
+exporter turns them, with the steps and phases, into OpenTelemetry metrics.
+
 Files: ``{output}/rank_{r}/profile_{pid}_{n}.obsring`` while it runs (removed by the exporter), the
 trace files and ``status_{pid}.json`` (counts, drops, the summary) written by the exporter.
 """
@@ -25,7 +30,9 @@ from typing import Any
 
 from obs._core import outputs, safe_files
 from obs._core.events import Event
+from obs.features.profiler import scalars
 from obs.settings.profiler_options import ProfileRequest
+from recorder.collective_desc import COLLECTIVE_STATES
 from recorder.layout import PHASE_CODES, Kind
 from recorder.ring_handlers import RingSubscriptions
 
@@ -37,9 +44,10 @@ _EXIT_WAIT_S = 15.0
 _fallback_said = False
 
 
-def _capacity(levels: tuple[str, ...]) -> dict[str, int]:
-    return {"step": 16384, "module": 131072 if "task_trace" in levels else 16,
-            "op": 262144 if "op_trace" in levels else 16, "memory": 16, "collective": 16, "blob": 16}
+def _capacity(levels: tuple[str, ...], metrics: bool = False) -> dict[str, int]:
+    return {"step": 65536 if metrics else 16384, "module": 131072 if "task_trace" in levels else 16,
+            "op": 262144 if "op_trace" in levels else 16, "memory": 4096 if metrics else 16,
+            "collective": 16384 if metrics else 16, "blob": 16}
 
 
 class ProfileSession:
@@ -60,12 +68,14 @@ class ProfileSession:
         self.identity_known = False  #: set_identity() ran (or the launcher told rank and run id up front)
         safe_files.ensure_dir(self.folder)
         self.ring_path = os.path.join(self.folder, f"profile_{self.pid}_{ProfileSession._serial}.obsring")
-        self.ring = RingWriter(self.ring_path, _capacity(request.levels), pid=self.pid, rank=rank,
-                               world_size=world_size,
+        self.ring = RingWriter(self.ring_path, _capacity(request.levels, bool(request.metrics)), pid=self.pid,
+                               rank=rank, world_size=world_size,
                                meta={"run_id": run_id, "host": socket.gethostname(), "versions": versions,
                                      "profile": list(request.levels), "argv": sys.argv[:4]})
         self.status_path = os.path.join(self.folder, f"status_{self.pid}.json")
         self._subs = RingSubscriptions(self.ring)
+        #: obs.scalar's writer while metrics are on
+        self.scalars: scalars.ScalarWriter | None = scalars.ScalarWriter(self.ring) if request.metrics else None
         self._process: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -92,7 +102,7 @@ class ProfileSession:
 
         step_ring = self.ring.appender("step")
         begin, end, phase = int(Kind.STEP_BEGIN), int(Kind.STEP_END), int(Kind.PHASE)
-        subs, me = self._subs, self
+        subs, me, writer = self._subs, self, self.scalars
 
         def on_step_begin(number: int) -> None:
             me.step = number
@@ -101,6 +111,8 @@ class ProfileSession:
 
         def on_step_end(number: int, duration_ns: int) -> None:
             step_ring(end, 0, 0, number, duration_ns, 0)
+            if writer is not None and writer.pending:
+                writer.drain()  # device copies of obs.scalar values that are done by now
 
         def on_phase(name: str, begin_ns: int, end_ns: int) -> None:
             step_ring(phase, 0, PHASE_CODES.get(name, 9), tracker.step, begin_ns, end_ns)
@@ -112,6 +124,31 @@ class ProfileSession:
             subs.modules(self)  # op_trace names each op's module
         if "op_trace" in self.request.levels:
             subs.ops(native=False)  # the native observer serves one ring at a time: the recorder's
+        if writer is not None:
+            self._subscribe_metrics()
+            scalars.attach(writer)
+
+    def _subscribe_metrics(self) -> None:
+        """Memory at each step end and every finished collective, for the exporter's metrics."""
+        memory_ring, collective_ring = self.ring.appender("memory"), self.ring.appender("collective")
+        intern = self.ring.intern
+        memory, collective = int(Kind.MEMORY), int(Kind.COLLECTIVE)
+        finished = {COLLECTIVE_STATES.index("completed"), COLLECTIVE_STATES.index("failed")}
+        states = {name: code for code, name in enumerate(COLLECTIVE_STATES)}
+
+        def on_memory(number: int, stats: dict[str, Any]) -> None:
+            used = int(stats.get("allocated_bytes.all.current", stats.get("rss_bytes", 0)))
+            peak = int(stats.get("allocated_bytes.all.peak", used))
+            memory_ring(memory, 0, intern(str(stats.get("device", "?"))), number, used, peak)
+
+        def on_collective(record: dict[str, Any]) -> None:
+            state = states.get(record.get("state", ""), -1)
+            if state in finished:  # scheduled and started carry no duration yet
+                collective_ring(collective, 1 if record.get("error") else 0, intern(str(record.get("op", "?"))),
+                                int(record.get("seq", 0)), int(record.get("duration_ns", 0)), state)
+
+        self._subs.add(Event.MEMORY, on_memory)
+        self._subs.add(Event.COLLECTIVE, on_collective)
 
     def pause(self) -> None:
         """Stop recording (every hook it needed goes, when nothing else needs it); the exporter stays."""
@@ -123,6 +160,8 @@ class ProfileSession:
             self._subscribe()
 
     def _unsubscribe(self) -> None:
+        if self.scalars is not None:
+            scalars.detach(self.scalars)
         self._subs.close()
 
     # -- the exporter ---------------------------------------------------------------------------
@@ -132,7 +171,9 @@ class ProfileSession:
         r = self.request
         return ExportConfig(ring=self.ring_path, folder=self.folder, levels=r.levels, endpoint=r.endpoint,
                             protocol=r.protocol, steps=r.steps, span_budget=r.span_budget,
-                            module_depth=r.module_depth, max_file_mb=r.max_file_mb, trainer_pid=self.pid)
+                            module_depth=r.module_depth, max_file_mb=r.max_file_mb, trainer_pid=self.pid,
+                            metrics=r.metrics, prometheus_host=r.prometheus[0], prometheus_port=r.prometheus[1],
+                            batch_size=r.batch_size, tokens_per_step=r.tokens_per_step)
 
     def _start_exporter(self) -> None:
         config = self._config()
@@ -183,6 +224,8 @@ class ProfileSession:
         end within ``wait_s``)."""
         self._unsubscribe()
         if not self.ring.closed:
+            if self.scalars is not None and self.scalars.pending:
+                self.scalars.drain(wait=True)  # the last device copies of obs.scalar values
             self.ring.close(remove=False)  # the exporter reads the file to the end, then removes it
         deadline = time.monotonic() + wait_s
         if self._process is not None:
