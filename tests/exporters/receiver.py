@@ -46,7 +46,8 @@ class Receiver:
             self.paths.append(path)
 
     # -- HTTP/protobuf ------------------------------------------------------------------------
-    def start_http(self) -> str:
+    def start_http(self, port: int = 0) -> str:
+        """Serve OTLP/HTTP on ``port`` (0: a free one); its URL."""
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -73,7 +74,8 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        http.server.ThreadingHTTPServer.allow_reuse_address = True  # a receiver back on the port of one just stopped
+        self._http = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._http.daemon_threads = True
         self._http_thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05},
                                              name="test-otlp-http", daemon=True)
