@@ -4,7 +4,8 @@ Plain files in ``{root}/requests/`` (``root``: the RDR root, the folder of the `
 works across nodes when the root is on shared storage: no signal, no socket, no inotify (NFS has none).
 
 * A request is ``{kind}-{id}.json``: ``{"kind", "id", "created_ns", "asked_by", "params", "host", "pid"}``.
-  ``kind`` names what is asked (``snapshot``: a bundle now, the job goes on); ``id`` is 16 random hex digits;
+  ``kind`` names what is asked (``snapshot``: a bundle now, the job goes on; ``capture``: the profiler's detail for
+  the next N steps, in the profiler's output folder); ``id`` is 16 random hex digits;
   ``asked_by`` is ``cli`` or ``rank N`` (a rank whose hang watchdog fired); ``params`` is the kind's own.
 * Each rank answers with ``{kind}-{id}.rank_{r}.json`` beside it: ``{"request", "kind", "rank", "host", "pid",
   "answered_ns"}`` plus what its handler returned (the bundle's path, or an ``error``).
@@ -35,7 +36,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeGuard
 
@@ -44,7 +45,7 @@ from obs._core.errors import DamagedFileError, NotOurFileError
 from obs._core.internal import report_internal_error
 from recorder.bundle_reader import BAD_FILE, parse_json
 
-__all__ = ["MAX_AGE_S", "MAX_BYTES", "POLL_S", "REQUESTS", "Handler", "Request", "RequestWatcher", "answer_path",
+__all__ = ["MAX_AGE_S", "MAX_BYTES", "POLL_S", "REQUESTS", "Handler", "Request", "RequestWatcher", "answer_path", "ask",
            "make_request", "read_answers", "read_request", "remove_request", "request_path", "requests_dir",
            "write_answer", "write_request"]
 
@@ -211,16 +212,48 @@ def remove_request(folder: str, request: Request) -> None:
         pass
 
 
+def ask(roots: Iterable[str], kind: str, expected: Collection[tuple[str, int, int]], *, timeout: float,
+        params: Mapping[str, Any] | None = None, poll_s: float = 0.1) \
+        -> tuple[dict[str, Request], dict[tuple[str, int, int], dict[str, Any]], float]:
+    """Drop one ``kind`` request into each of ``roots`` and wait up to ``timeout`` s until every ``expected``
+    (root, rank, pid) answered; the requests (and their answers) are removed before it returns.
+
+    Returns the requests by root, the answers by (root, rank, pid) and the seconds waited."""
+    started = time.monotonic()
+    requests: dict[str, Request] = {}
+    answers: dict[tuple[str, int, int], dict[str, Any]] = {}
+    try:
+        for root in sorted(set(roots)):
+            requests[root] = make_request(kind, asked_by="cli", params=params)
+            write_request(root, requests[root])
+        deadline = started + timeout
+        while True:
+            for root, request in requests.items():
+                found, _problems = read_answers(requests_dir(root), request)  # a bad file is read again, then missing
+                for rank, answer in found.items():
+                    pid = answer.get("pid")
+                    answers[(root, rank, pid if _is_int(pid) else -1)] = answer
+            if all(key in answers for key in expected) or time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
+    finally:
+        for root, request in requests.items():
+            remove_request(requests_dir(root), request)
+    return requests, answers, round(time.monotonic() - started, 3)
+
+
 class RequestWatcher:
     """Watches one request folder and hands each new request to the handler of its kind (see the module's
-    docstring for what it leaves alone).  ``rank`` gives the rank to answer as (it may be resolved later)."""
+    docstring for what it leaves alone).  ``rank`` gives the rank to answer as (it may be resolved later); ``name``
+    is its thread's (the profiler's watcher, on its output folder, answers ``capture`` requests)."""
 
     def __init__(self, root: str, handlers: Mapping[str, Handler], *, rank: Callable[[], int],
-                 interval: float = POLL_S, max_age_s: float = MAX_AGE_S, started_ns: int | None = None) -> None:
+                 interval: float = POLL_S, max_age_s: float = MAX_AGE_S, started_ns: int | None = None,
+                 name: str = "obs-rdr-requests") -> None:
         self.folder = requests_dir(root)
         self.handlers = dict(handlers)
         self.started_ns = time.time_ns() if started_ns is None else started_ns
-        self._rank = rank
+        self._rank, self._name = rank, name
         self._interval, self._max_age_ns = interval, int(max_age_s * 1e9)
         self._host, self._pid = socket.gethostname(), os.getpid()
         self._seen: set[str] = set()  # file names handled or left alone: each once per process
@@ -231,7 +264,7 @@ class RequestWatcher:
     def start(self) -> RequestWatcher:
         if self._thread is None:
             self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="obs-rdr-requests", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
         return self
 

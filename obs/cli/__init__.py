@@ -134,6 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "http://localhost:4317 (gRPC)")
     t.add_argument("--protocol", choices=("http/protobuf", "grpc"), default="http/protobuf")
     t.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    t = tsub.add_parser("capture", help="a running job: every live rank records module (and op) spans for its next "
+                        "N steps, then goes back to step and phase spans; exit 1 when a live rank did not answer")
+    t.add_argument("path", nargs="?", default="obs_profile", help="the profiler's output folder (profiler.output, "
+                   "default ./obs_profile) or one rank's folder")
+    t.add_argument("--steps", type=int, required=True, metavar="N", help="how many steps to capture")
+    t.add_argument("--level", choices=("task_trace", "op_trace"), default="task_trace",
+                   help="task_trace: module spans (default); op_trace: module and op spans")
+    t.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the ranks' answers "
+                   "(default 10)")
+    t.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
     p = sub.add_parser("graph", help="graph/IR dumps (save_graphs): list, summarize, diff, render",
                        description="Views of the .ir files save_graphs writes. --json: one JSON document. Exit 1 "
@@ -325,6 +335,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         if args.trace_command == "summary":
             return _trace_view.run_summary(args.path, as_json=args.json)
+        if args.trace_command == "capture":
+            from obs.cli._trace_capture_view import run_capture
+
+            return run_capture(args.path, steps=args.steps, level=args.level, timeout=args.timeout,
+                               as_json=args.json)
         return _trace_view.run_export(args.path, endpoint=args.endpoint, protocol=args.protocol, as_json=args.json)
     if args.command == "graph":
         from obs.cli import _graph_view as graph_view

@@ -11,7 +11,6 @@ bad input (no live ring under PATH).  ``--json``: one document.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -23,12 +22,11 @@ from obs.cli._exit import EXIT_FAILURE, EXIT_OK
 from obs.cli._rdr_view import default_root
 from obs.cli._render import clean, console, err_console, print_json
 from recorder.recover import RING_ERRORS, find_rings
-from recorder.requests import Request, make_request, read_answers, remove_request, requests_dir, write_request
+from recorder.requests import ask
 from recorder.ring_reader import read_header_file
 
 __all__ = ["LiveRank", "live_ranks", "run_snapshot"]
 
-_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -70,27 +68,8 @@ def run_snapshot(path: str | None, *, timeout: float, as_json: bool) -> int:
         raise NotOurFileError(f"no running job under {where!r}: no ring there whose process is alive (obs rdr ls "
                               "lists its bundles, obs rdr recover turns the rings of dead processes into bundles)",
                               path=where)
-    started = time.monotonic()
-    requests: dict[str, Request] = {}
-    answers: dict[tuple[str, int, int], dict[str, Any]] = {}
-    try:
-        for root in sorted({r.root for r in ranks}):
-            requests[root] = make_request("snapshot", asked_by="cli")
-            write_request(root, requests[root])
-        deadline = started + timeout
-        while True:
-            for root, request in requests.items():
-                found, _problems = read_answers(requests_dir(root), request)  # a bad file is read again, then missing
-                for rank, answer in found.items():
-                    pid = answer.get("pid")
-                    answers[(root, rank, pid if isinstance(pid, int) else -1)] = answer
-            if all((r.root, r.rank, r.pid) in answers for r in ranks) or time.monotonic() >= deadline:
-                break
-            time.sleep(_POLL_S)
-    finally:
-        for root, request in requests.items():
-            remove_request(requests_dir(root), request)
-    waited = round(time.monotonic() - started, 3)
+    requests, answers, waited = ask({r.root for r in ranks}, "snapshot", [(r.root, r.rank, r.pid) for r in ranks],
+                                    timeout=timeout)
     rows = [_row(r, answers.get((r.root, r.rank, r.pid))) for r in ranks]
     missing = [row for row in rows if not row["answered"]]
     failed = [row for row in rows if row["answered"] and not row.get("bundle")]
