@@ -26,7 +26,7 @@ from obs.settings._validators import (
     show,
 )
 from obs.settings.dump_config import JsonObject, check_dump_section
-from obs.settings.profiler_options import METRICS_OPTIONS, Endpoint, Levels, Steps
+from obs.settings.profiler_options import METRICS_OPTIONS, Endpoint, Levels, Steps, Window
 from recorder.layout import DEFAULT_CAPACITY, check_capacity
 
 __all__ = ["ENV_VARS", "SECTIONS", "ConfigFileError", "EnvConfig", "Problem", "load_file", "parse_env", "parse_text",
@@ -67,6 +67,9 @@ SECTIONS: dict[str, OptionTable] = {
                "modules)."),
         Option("max_file_mb", Int(min=1, max=1 << 20), 100, "Local trace files are rotated at this size (MiB); "
                "the 5 newest rotated files are kept."),
+        Option("window", Window(), {}, "A capture window: detail for steps start..start+steps-1 only, "
+               "{\"start\": 20, \"steps\": 5, \"level\": \"task_trace\"} (level: task_trace, modules; op_trace, "
+               "modules and ops); {}: none. Hot-reloaded without restarting the session."),
         *METRICS_OPTIONS,
     ]),
     "sys": OptionTable("sys", [

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from obs._core import env
@@ -26,8 +26,9 @@ from obs.settings._table import Option
 from obs.settings._validators import Choice, Int, Str, Validator, did_you_mean, fail, type_fail
 
 __all__ = ["ASCEND_ONLY", "DEFAULT_OUTPUT", "DEFAULT_PROMETHEUS_HOST", "DEFAULT_PROMETHEUS_PORT", "LEVELS",
-           "METRICS_EXPORTERS", "METRICS_OPTIONS", "Endpoint", "Levels", "ProfileRequest", "ProfilingOptions", "Steps",
-           "metrics_exporters", "parse_levels", "prometheus_address", "request"]
+           "MAX_WINDOW_STEPS", "METRICS_EXPORTERS", "METRICS_OPTIONS", "WINDOW_LEVELS", "CaptureWindow", "Endpoint",
+           "Levels", "ProfileRequest", "ProfilingOptions", "Steps", "Window", "capture_params", "metrics_exporters",
+           "parse_levels", "parse_window", "prometheus_address", "request"]
 
 LEVELS = ("training_trace", "task_trace", "op_trace")
 ASCEND_ONLY = ("aicpu", "fp_point", "bp_point", "aic_metrics", "hccl", "storage_limit", "profile_memory",
@@ -36,6 +37,9 @@ DEFAULT_OUTPUT = "./obs_profile"
 METRICS_EXPORTERS = ("otlp", "prometheus")
 DEFAULT_PROMETHEUS_HOST = "localhost"  # OpenTelemetry's defaults for its Prometheus exporter
 DEFAULT_PROMETHEUS_PORT = 9464
+WINDOW_LEVELS = ("task_trace", "op_trace")  #: the detail a capture window records (op_trace: modules and ops)
+MAX_WINDOW_STEPS = 100_000  #: the longest capture window, in steps
+_WINDOW_KEYS = ("start", "steps", "level")
 
 
 def parse_levels(value: Any, name: str) -> tuple[str, ...]:
@@ -143,6 +147,86 @@ class Endpoint(Validator):
         return "URL (empty: OTEL_EXPORTER_OTLP_ENDPOINT, else local files)"
 
 
+@dataclass(frozen=True)
+class CaptureWindow:
+    """Detail for steps ``start`` .. ``start + steps - 1`` (numbered as ``obs.steps`` / ``obs.step`` count them):
+    module spans (``task_trace``), or module and op spans (``op_trace``)."""
+
+    start: int
+    steps: int
+    level: str = "task_trace"
+
+    @property
+    def last(self) -> int:
+        return self.start + self.steps - 1
+
+    def covers(self, step: int) -> bool:
+        return self.start <= step <= self.last
+
+
+def _window_steps(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise type_fail(name, f"a whole number of steps in [1, {MAX_WINDOW_STEPS}]", value)
+    if not 1 <= value <= MAX_WINDOW_STEPS:
+        raise fail(name, f"a whole number of steps in [1, {MAX_WINDOW_STEPS}]", value)
+    return value
+
+
+def _window_level(value: Any, name: str) -> str:
+    if value not in WINDOW_LEVELS:
+        raise fail(name, f"one of {', '.join(WINDOW_LEVELS)}"
+                         f"{did_you_mean(value, WINDOW_LEVELS) if isinstance(value, str) and value else ''}", value)
+    return str(value)
+
+
+def parse_window(value: Any, name: str) -> CaptureWindow | None:
+    """``{"start": S, "steps": N, "level": "task_trace"|"op_trace"}`` (level optional: task_trace) → the window;
+    ``{}`` or None → no window.  Errors name the key, what it must be and the value."""
+    if value is None or (isinstance(value, Mapping) and not value):
+        return None
+    if not isinstance(value, Mapping):
+        raise type_fail(name, 'an object such as {"start": 20, "steps": 5, "level": "task_trace"} (or {}: none)',
+                        value)
+    for key in value:
+        if key not in _WINDOW_KEYS:
+            raise fail(name, f"an object with keys start, steps and level{did_you_mean(str(key), _WINDOW_KEYS)}",
+                       key)
+    for key in ("start", "steps"):
+        if key not in value:
+            raise fail(name, f'an object with "{key}" (a window is {{"start": S, "steps": N, "level": ...}})', value)
+    start = value["start"]
+    if isinstance(start, bool) or not isinstance(start, int):
+        raise type_fail(f"{name}.start", "a step number >= 1", start)
+    if start < 1:
+        raise fail(f"{name}.start", "a step number >= 1 (steps count from 1)", start)
+    steps = _window_steps(value["steps"], f"{name}.steps")
+    level = _window_level(value.get("level", "task_trace"), f"{name}.level")
+    return CaptureWindow(start, steps, level)
+
+
+def capture_params(params: Mapping[str, Any], name: str = "capture") -> tuple[int, str]:
+    """A capture request's ``{"steps": N, "level": L}`` → (N, L), checked as the window's keys are."""
+    for key in params:
+        if key not in ("steps", "level"):
+            raise fail(name, f"params with keys steps and level{did_you_mean(str(key), ('steps', 'level'))}", key)
+    if "steps" not in params:
+        raise fail(name, 'params with "steps" (how many steps to capture)', dict(params))
+    return (_window_steps(params["steps"], f"{name}.steps"),
+            _window_level(params.get("level", "task_trace"), f"{name}.level"))
+
+
+@dataclass(frozen=True)
+class Window(Validator):
+    """The ``profiler.window`` key: one capture window, or ``{}`` for none (kept as a plain dict)."""
+
+    def __call__(self, value: Any, name: str) -> dict[str, Any]:
+        window = parse_window(value, name)
+        return {} if window is None else {"start": window.start, "steps": window.steps, "level": window.level}
+
+    def describe(self) -> str:
+        return '{"start": S, "steps": N, "level": "task_trace"|"op_trace"} | {} (none)'
+
+
 #: The ``profiler`` section's metrics rows (obs.settings.env_config puts them in the section's table).
 METRICS_OPTIONS = [
     Option("metrics", Choice(("", "off", "otlp", "prometheus", "otlp,prometheus")), "",
@@ -209,6 +293,8 @@ class ProfileRequest:
     prometheus: tuple[str, int] = (DEFAULT_PROMETHEUS_HOST, DEFAULT_PROMETHEUS_PORT)  #: this rank's host and port
     batch_size: int = 0
     tokens_per_step: int = 0
+    #: the env config's capture window: applied to the session in force at a step boundary (never restarts it)
+    window: CaptureWindow | None = field(default=None, compare=False)
 
 
 def request(context: Mapping[str, Any], section: Mapping[str, Any], origins: Mapping[str, str],
@@ -240,4 +326,5 @@ def request(context: Mapping[str, Any], section: Mapping[str, Any], origins: Map
                           endpoint=section["endpoint"], protocol=section["protocol"], steps=section["steps"],
                           span_budget=section["span_budget"], module_depth=section["module_depth"],
                           max_file_mb=section["max_file_mb"], metrics=metrics, prometheus=prometheus,
-                          batch_size=section.get("batch_size", 0), tokens_per_step=section.get("tokens_per_step", 0))
+                          batch_size=section.get("batch_size", 0), tokens_per_step=section.get("tokens_per_step", 0),
+                          window=parse_window(section.get("window"), "profiler.window"))

@@ -4,7 +4,9 @@
 While it is on, a :class:`obs.features.profiler.profile_session.ProfileSession` records step, phase (and module, op)
 timings into its ring and an exporter process turns them into spans.  A change of settings (a
 hot reload is applied at a step boundary, on the training thread) ends the session in force (its
-exporter drains and ends on its own) and starts one for the new settings; switching off ends it.
+exporter drains and ends on its own) and starts one for the new settings; switching off ends it.  The capture window
+(``profiler.window``) is the exception: its change goes to the session in force
+(:meth:`ProfileSession.configure_window`), which switches its module / op subscriptions at step boundaries.
 At exit the last session is closed, its status handed to each of ``exit_listeners`` (``obs run`` /
 ``obs demo`` print its summary) and a warning given when spans were dropped.  ``last_status()`` is
 what the exporter of the last closed session reported.
@@ -72,7 +74,11 @@ class ProfilerFeature:
     def sync(self) -> None:
         with self._lock:
             want = self.desired()
-            if want == self.request:
+            if want == self.request:  # the capture window is left out of the comparison: it never restarts
+                if want is not None and self.request is not None and want.window != self.request.window:
+                    self.request = want
+                    if self.session is not None:
+                        self.session.configure_window(want.window)
                 return
             self._retire()  # never waits on the training thread: its exporter drains and ends by itself
             if want is not None:

@@ -12,6 +12,10 @@ memory reading (MEMORY: ``c`` the bytes in use, ``d`` the peak: CUDA's allocated
 size), every finished collective (COLLECTIVE: ``c`` its duration) and ``obs.scalar`` values (SCALAR); the
 exporter turns them, with the steps and phases, into OpenTelemetry metrics.
 
+Capture windows (:mod:`obs.features.profiler.window`): the session subscribes module (and op) events only for the
+steps a window covers, switched at step boundaries on the training thread; its own request watcher on
+``{output}/requests/`` answers ``obs trace capture``.
+
 Files: ``{output}/rank_{r}/profile_{pid}_{n}.obsring`` while it runs (removed by the exporter), the
 trace files and ``status_{pid}.json`` (counts, drops, the summary) written by the exporter.
 """
@@ -31,9 +35,11 @@ from typing import Any
 from obs._core import outputs, safe_files
 from obs._core.events import Event
 from obs.features.profiler import scalars
-from obs.settings.profiler_options import ProfileRequest
+from obs.features.profiler.window import CAPTURE, Windows
+from obs.settings.profiler_options import LEVELS, CaptureWindow, ProfileRequest
 from recorder.collective_desc import COLLECTIVE_STATES
 from recorder.layout import PHASE_CODES, Kind
+from recorder.requests import RequestWatcher
 from recorder.ring_handlers import RingSubscriptions
 
 __all__ = ["ProfileSession"]
@@ -45,8 +51,10 @@ _fallback_said = False
 
 
 def _capacity(levels: tuple[str, ...], metrics: bool = False) -> dict[str, int]:
-    return {"step": 65536 if metrics else 16384, "module": 131072 if "task_trace" in levels else 16,
-            "op": 262144 if "op_trace" in levels else 16, "memory": 4096 if metrics else 16,
+    # Module and op slots are always there: a capture window can ask for them at any step (7 MiB of module and
+    # 3.5 MiB of op slots reserved when the base level records neither).
+    return {"step": 65536 if metrics else 16384, "module": 131072,
+            "op": 262144 if "op_trace" in levels else 65536, "memory": 4096 if metrics else 16,
             "collective": 16384 if metrics else 16, "blob": 16}
 
 
@@ -74,6 +82,11 @@ class ProfileSession:
                                      "profile": list(request.levels), "argv": sys.argv[:4]})
         self.status_path = os.path.join(self.folder, f"status_{self.pid}.json")
         self._subs = RingSubscriptions(self.ring)
+        #: capture windows (the env config's, obs trace capture's): detail for their steps only
+        self.windows = Windows(request.window)
+        self._detail = RingSubscriptions(self.ring)  # a window's module / op subscriptions, beyond the base level
+        self.detail: str | None = None  #: the window level subscribed now (None: the base level only)
+        self._requests: RequestWatcher | None = None
         #: obs.scalar's writer while metrics are on
         self.scalars: scalars.ScalarWriter | None = scalars.ScalarWriter(self.ring) if request.metrics else None
         self._process: subprocess.Popen[bytes] | None = None
@@ -83,7 +96,9 @@ class ProfileSession:
         try:
             self._subscribe()
             self._start_exporter()
+            self._start_requests()
         except BaseException:
+            self._stop_requests()
             self._unsubscribe()
             self.ring.close(remove=True)
             raise
@@ -92,6 +107,7 @@ class ProfileSession:
         """The job's run id and this rank, agreed after init_process_group: the exporter applies them from here."""
 
         self.identity_known = True
+        self.rank = rank  # capture answers go out as this rank
         if not self.ring.closed:
             self.ring.blob(Kind.MARKER, {"marker": "identity", "run_id": run_id, "rank": rank,
                                          "world_size": world_size})
@@ -102,11 +118,13 @@ class ProfileSession:
 
         step_ring = self.ring.appender("step")
         begin, end, phase = int(Kind.STEP_BEGIN), int(Kind.STEP_END), int(Kind.PHASE)
-        subs, me, writer = self._subs, self, self.scalars
+        subs, detail, me, writer = self._subs, self._detail, self, self.scalars
 
         def on_step_begin(number: int) -> None:
             me.step = number
             subs.step_begins(number)
+            if detail.writers:
+                detail.step_begins(number)
             step_ring(begin, 0, 0, number, 0, 0)
 
         def on_step_end(number: int, duration_ns: int) -> None:
@@ -127,6 +145,40 @@ class ProfileSession:
         if writer is not None:
             self._subscribe_metrics()
             scalars.attach(writer)
+        tracker.at_boundary = tracker.at_boundary + (self.at_boundary,)
+        self._set_detail(self.windows.level(_current_step()))
+
+    # -- capture windows ------------------------------------------------------------------------
+    def at_boundary(self) -> None:
+        """Between steps, on the training thread: captures asked for since the last boundary begin with the next
+        step, and the next step's detail is subscribed (or dropped)."""
+        from obs.runtime.steps import tracker
+
+        following = tracker.step + 1
+        if self.windows.pending:
+            self.windows.place(following)
+        self._set_detail(self.windows.level(following))
+
+    def configure_window(self, window: CaptureWindow | None) -> None:
+        """The env config's window changed (a hot reload, applied at a step boundary): no new session."""
+        self.windows.configure(window)
+        if self._subs:
+            self._set_detail(self.windows.level(_current_step()))
+
+    def _set_detail(self, level: str | None) -> None:
+        """Subscribe what ``level`` adds to the base level: module events (task_trace, op_trace), op events
+        (op_trace); None drops them, so the adapter publishes no module event and removes its op interceptor."""
+        if level == self.detail:
+            return
+        base = self.request.levels
+        self._detail.close()
+        self.detail = level
+        if level is not None and "task_trace" not in base and "op_trace" not in base:
+            self._detail.modules(self)
+        if level == "op_trace" and "op_trace" not in base:
+            self._detail.ops(native=False)  # the native observer serves one ring at a time: the recorder's
+        if self._detail.writers:
+            self._detail.step_begins(self.step)  # STEP_BEGIN stamps the next one
 
     def _subscribe_metrics(self) -> None:
         """Memory at each step end and every finished collective, for the exporter's metrics."""
@@ -160,8 +212,13 @@ class ProfileSession:
             self._subscribe()
 
     def _unsubscribe(self) -> None:
+        from obs.runtime.steps import tracker
+
+        tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.at_boundary)
         if self.scalars is not None:
             scalars.detach(self.scalars)
+        self._detail.close()
+        self.detail = None
         self._subs.close()
 
     # -- the exporter ---------------------------------------------------------------------------
@@ -169,8 +226,8 @@ class ProfileSession:
         from exporters.sidecar import ExportConfig
 
         r = self.request
-        return ExportConfig(ring=self.ring_path, folder=self.folder, levels=r.levels, endpoint=r.endpoint,
-                            protocol=r.protocol, steps=r.steps, span_budget=r.span_budget,
+        return ExportConfig(ring=self.ring_path, folder=self.folder, levels=_export_levels(r.levels),
+                            endpoint=r.endpoint, protocol=r.protocol, steps=r.steps, span_budget=r.span_budget,
                             module_depth=r.module_depth, max_file_mb=r.max_file_mb, trainer_pid=self.pid,
                             metrics=r.metrics, prometheus_host=r.prometheus[0], prometheus_port=r.prometheus[1],
                             batch_size=r.batch_size, tokens_per_step=r.tokens_per_step)
@@ -206,9 +263,32 @@ class ProfileSession:
         self._thread = threading.Thread(target=run, args=(config, alive), name="obs-profile-exporter", daemon=True)
         self._thread.start()
 
+    # -- capture requests (recorder.requests, in the output folder) -----------------------------
+    def _start_requests(self) -> None:
+        """This session's own watcher of ``{output}/requests/``: ``obs trace capture`` reaches every rank through
+        it, with or without the RDR."""
+        from obs.runtime.steps import tracker
+
+        windows = self.windows
+
+        def capture(request: Any) -> dict[str, Any]:
+            return windows.handle(request, step=tracker.step)
+
+        self._requests = RequestWatcher(self.request.output, {CAPTURE: capture}, rank=lambda: self.rank,
+                                        name="obs-profile-requests").start()
+
+    def _stop_requests(self) -> None:
+        self.windows.close()  # a capture waiting for a boundary is answered now
+        watcher, self._requests = self._requests, None
+        if watcher is not None:
+            watcher.stop()
+
     # -- lifecycle ------------------------------------------------------------------------------
     def detach(self) -> None:
         """In a forked child (a DataLoader worker): let go of the parent's ring and pipe, touching neither."""
+        if self._requests is not None:
+            self._requests.detach()
+            self._requests = None
         self._unsubscribe()
         self.ring.abandon()
         process, self._process = self._process, None
@@ -222,6 +302,7 @@ class ProfileSession:
     def close(self, *, wait_s: float = _EXIT_WAIT_S) -> dict[str, Any] | None:
         """Stop recording, let the exporter drain the ring and end; the exporter's status (None if it did not
         end within ``wait_s``)."""
+        self._stop_requests()
         self._unsubscribe()
         if not self.ring.closed:
             if self.scalars is not None and self.scalars.pending:
@@ -249,6 +330,21 @@ class ProfileSession:
                 if os.path.exists(path):
                     outputs.wrote("trace", path)
         return self.status
+
+
+def _export_levels(levels: tuple[str, ...]) -> tuple[str, ...]:
+    """What the exporter builds spans of: every level (the ring holds module and op slots only for the steps of
+    the base level's and the capture windows' detail), except where the base records modules only to name ops."""
+    if "op_trace" in levels and "task_trace" not in levels:
+        return levels
+    return LEVELS
+
+
+def _current_step() -> int:
+    """The step that records now: the one under way, else the next one."""
+    from obs.runtime.steps import tracker
+
+    return tracker.step if tracker.in_step else tracker.step + 1
 
 
 def _off_training_cores(pid: int) -> None:
