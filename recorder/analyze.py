@@ -415,12 +415,11 @@ def _verdict(out: Analysis) -> None:
     elif out.raised:
         out.culprits = list(out.raised)
         out.verdict = f"rank(s) {_ranks(out.raised)} failed in a collective"
-    elif late := [s for s in out.stragglers if s.lateness_s is not None]:
-        out.culprits = [s.rank for s in late]
-        out.verdict = "; ".join(_late_text(s) for s in late) + \
-            f"; the {len(out.ranks)} rank(s) agree on every collective on record"
     else:
-        out.verdict = f"consistent: {len(out.ranks)} rank(s) agree on every collective on record"
+        # a straggler slows the job without breaking it: named, not a culprit (the job stays consistent)
+        late = [s for s in out.stragglers if s.lateness_s is not None]
+        out.verdict = f"consistent: {len(out.ranks)} rank(s) agree on every collective on record" + \
+            "".join(f"; {_late_text(s)}" for s in late)
 
 
 def _main_where(stacks: list[dict[str, Any]]) -> str | None:

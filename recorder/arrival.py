@@ -34,7 +34,7 @@ STEP_WINDOW = 50
 #: a rank is a straggler when, over at least MIN_STEPS steps, its median lateness per step is at least all of:
 #: MIN_LATE_S, FACTOR x the other ranks' median, and STEP_SHARE of the median step time (a few ms late on a 10 s
 #: step is noise)
-MIN_LATE_S, FACTOR, STEP_SHARE, MIN_STEPS = 0.010, 3.0, 0.05, 3
+MIN_LATE_S, FACTOR, STEP_SHARE, MIN_STEPS = 0.010, 3.0, 0.05, 5
 #: a step's time outside every recorded phase: the user's code between them, and the time since the previous step
 #: ended (data loading, where the loop does not use obs.steps, which records it as the data phase)
 OTHER = "other"

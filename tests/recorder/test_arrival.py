@@ -79,9 +79,9 @@ def test_jitter_alone_names_no_straggler():
 
 
 def test_start_up_collectives_and_short_runs_name_no_straggler():
-    """Collectives before the first step time imports and initialisation; under 3 steps nothing is said."""
-    job = _job(slow=2, steps=2)
-    assert line_up(job).stragglers == [] and line_up(job).steps == 2
+    """Collectives before the first step time imports and initialisation; under 5 steps nothing is said."""
+    job = _job(slow=2, steps=4)
+    assert line_up(job).stragglers == [] and line_up(job).steps == 4
     for tl in _job(slow=2):
         tl.arrivals = {k: Arrival(a.group, a.seq, a.op, a.enter, a.leave, a.done, 0) for k, a in tl.arrivals.items()}
         job.append(tl)

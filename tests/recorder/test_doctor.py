@@ -84,8 +84,8 @@ def test_top_and_analyze_name_the_rank_slow_in_its_data_loading(tmp_path, capsys
     assert "the others wait for rank 2" in table
 
     code, result = _analyze(tmp_path, capsys)
-    assert code == 1  # a culprit: the straggler
-    assert result["culprits"] == [2]
+    assert code == 0 and result["consistent"]  # a straggler slows the job, it does not break it
+    assert result["culprits"] == []
     assert [(s["rank"], s["phase"]) for s in result["stragglers"]] == [(2, "data")]
     assert result["stragglers"][0]["phase_excess_s"] == pytest.approx(0.2, abs=0.05)
     assert "rank 2 is a straggler" in result["verdict"] and "data loading" in result["verdict"]
@@ -96,8 +96,7 @@ def test_analyze_names_the_ddp_rank_slow_in_backward_not_the_ranks_that_waited(t
     code, out = _finish(proc, tmp_path / "pids")
     assert code == 0, out
     code, result = _analyze(tmp_path, capsys)
-    assert code == 1
-    assert result["culprits"] == [1], result["verdict"]
+    assert code == 0 and result["culprits"] == [] and "rank 1 is a straggler" in result["verdict"], result["verdict"]
     assert [(s["rank"], s["phase"]) for s in result["stragglers"]] == [(1, "backward")]
     assert result["stragglers"][0]["phase_excess_s"] == pytest.approx(0.2, abs=0.05)
     # DDP equalised the step times: every rank's backward took as long; the lineup tells them apart
