@@ -21,13 +21,14 @@ Pure: a folder of ``rank_{r}/rdr`` trees in, an :class:`Analysis` out (the CLI r
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from obs._core import safe_files
-from recorder.arrival import PHASE_LABELS, Lineup, RankTimeline, line_up, timeline_from_events
+from recorder.arrival import PHASE_LABELS, STEP_WINDOW, Lineup, RankTimeline, line_up, timeline_from_events
 from recorder.bundle_reader import BAD_FILE, BundleInfo, list_bundles, load_bundle, parse_json
 from recorder.collective_desc import parse_collective_desc
 from recorder.recover import near
@@ -251,7 +252,12 @@ def _read_rank(rank: int, info: BundleInfo) -> tuple[RankState, dict[str, dict[i
     faults: list[dict[str, Any]] = []
     last: CollectiveRecord | None = None
     times: list[dict[str, Any]] = []  # what recorder.arrival lines up: collectives, phases, step marks
-    for event in bundle.select({"collective", "fault", "phase", "step_begin", "step_end"}):
+    # bundles from this version on hold the few kinds read here in files of their own: events.jsonl is not parsed
+    split = all(bundle.has(name) for name in ("collectives.jsonl", "steps.jsonl", "faults.jsonl"))
+    events = itertools.chain(bundle.iter_events("collectives.jsonl"), bundle.newest_steps("steps.jsonl", STEP_WINDOW),
+                             bundle.iter_events("faults.jsonl")) if split else \
+        bundle.select({"collective", "fault", "phase", "step_begin", "step_end"})
+    for event in events:
         if event["kind"] != "fault":
             times.append(event)
             if event["kind"] != "collective":

@@ -23,10 +23,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+import numpy as np
+
 from recorder.collective_desc import COLLECTIVE_STATES, parse_collective_desc
 from recorder.layout import PHASE_NAMES, Kind
 
-__all__ = ["PHASE_LABELS", "Arrival", "Lateness", "Lineup", "Phase", "RankTimeline", "line_up",
+__all__ = ["PHASE_LABELS", "STEP_WINDOW", "Arrival", "Lateness", "Lineup", "Phase", "RankTimeline", "line_up",
            "timeline_from_contents", "timeline_from_events"]
 
 #: the newest steps lined up
@@ -107,13 +109,19 @@ class Lineup:
 
 
 # -- timelines ---------------------------------------------------------------------------------------------------
-def timeline_from_events(rank: int, host: str, events: Iterable[Mapping[str, Any]]) -> RankTimeline:
-    """A rank's timeline from a bundle's events (``collective``, ``phase``, ``step_begin``, ``step_end``; others
-    are skipped).  A collective read from PyTorch's Flight Recorder is one line: entered at ``t``, left
-    ``duration_ns`` later; obs's own records are one line at entry and one at the end."""
+def timeline_from_events(rank: int, host: str, events: Iterable[Mapping[str, Any]], *,
+                         steps: int = STEP_WINDOW) -> RankTimeline:
+    """A rank's timeline over its newest ``steps`` steps (and the one before) from a bundle's events
+    (``collective``, ``phase``, ``step_begin``, ``step_end``; others are skipped).  A collective read from PyTorch's
+    Flight Recorder is one line: entered at ``t``, left ``duration_ns`` later; obs's own records are one line at
+    entry and one at the end."""
     out = RankTimeline(rank, host)
     entered: dict[tuple[str, int], tuple[int, str, int]] = {}  # (group, seq) -> entry time, op, step
-    for event in events:
+    listed = list(events)
+    newest = max((e["step"] for e in listed if _is_int(e.get("step"))), default=0)
+    for event in listed:
+        if _is_int(event.get("step")) and event["step"] < newest - steps:
+            continue
         kind, t = event.get("kind"), event.get("t")
         if not _is_int(t):
             continue
@@ -147,9 +155,9 @@ def timeline_from_events(rank: int, host: str, events: Iterable[Mapping[str, Any
     return out
 
 
-def timeline_from_contents(contents: Any) -> RankTimeline:
-    """A rank's timeline from a ring's contents (:class:`recorder.ring_reader.RingContents`: a live ring or a
-    dead process's)."""
+def timeline_from_contents(contents: Any, *, steps: int = STEP_WINDOW) -> RankTimeline:
+    """A rank's timeline over its newest ``steps`` steps (and the one before: its end starts the first's cycle),
+    from a ring's contents (:class:`recorder.ring_reader.RingContents`: a live ring or a dead process's)."""
     header = contents.header
     shift = header.wall_ns - header.mono_ns
     host = header.meta.get("host")
@@ -157,10 +165,16 @@ def timeline_from_contents(contents: Any) -> RankTimeline:
     slots = contents.slots
     wanted = slots[(slots["kind"] == Kind.COLLECTIVE) | (slots["kind"] == Kind.PHASE)
                    | (slots["kind"] == Kind.STEP_BEGIN) | (slots["kind"] == Kind.STEP_END)]
+    # the step of each slot: a step mark's own (b), else the step it happened in
+    of = np.where(np.isin(wanted["kind"], (Kind.STEP_BEGIN, Kind.STEP_END, Kind.PHASE)), wanted["b"],
+                  contents.steps(wanted["seq"]))
+    if len(of):
+        keep = of >= int(of.max()) - steps
+        wanted, of = wanted[keep], of[keep]
     descs: dict[int, dict[str, Any]] = {}
     for kind, t, a, b, c, d, step in zip(wanted["kind"].tolist(), wanted["t"].tolist(), wanted["a"].tolist(),
                                          wanted["b"].tolist(), wanted["c"].tolist(), wanted["d"].tolist(),
-                                         contents.steps(wanted["seq"]).tolist()):
+                                         of.tolist()):
         wall = t + shift
         if kind == Kind.COLLECTIVE:
             fields = descs.get(a)

@@ -27,6 +27,9 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
         "events.jsonl": contents.event_lines(),
         "memory.jsonl": contents.event_lines((Kind.MEMORY,)),
         "collectives.jsonl": contents.event_lines((Kind.COLLECTIVE,)),
+        # what `obs rdr analyze` reads besides the collectives, without parsing every event
+        "steps.jsonl": contents.event_lines((Kind.STEP_BEGIN, Kind.STEP_END, Kind.PHASE)),
+        "faults.jsonl": contents.event_lines((Kind.FAULT,)),
     }
     if threads:
         files["stacks.json"] = _json(threads)

@@ -126,12 +126,44 @@ class Bundle:
             if (kinds is None or event["kind"] in kinds) and (step is None or event.get("step") == step):
                 yield event
 
-    def iter_events(self) -> Iterator[dict[str, Any]]:
-        """Each event of ``events.jsonl``: a dict with an int ``seq`` and ``t`` and a str ``kind``.
+    def has(self, name: str) -> bool:
+        return os.path.lexists(os.path.join(self.info.path, name))
+
+    def newest_steps(self, name: str, steps: int) -> list[dict[str, Any]]:
+        """The events of file ``name`` (in order) of its newest ``steps`` steps and the one before, read from the
+        end: a long run's older lines are not parsed."""
+        path = os.path.join(self.info.path, name)
+        if not os.path.lexists(path):
+            return []
+        data = safe_files.read_private(path)
+        out: list[dict[str, Any]] = []
+        newest: int | None = None
+        end = len(data)
+        while end > 0:
+            start = data.rfind(b"\n", 0, end - 1) + 1
+            line = data[start:end]
+            end = start
+            if not line.strip():
+                continue
+            event = parse_json(line, path, base=start)
+            if not isinstance(event, dict) or not _is_int(event.get("t")) or not _is_int(event.get("step")):
+                raise DamagedFileError(f"{path}: byte {start} is not an event with an integer t and step: "
+                                       f"{_short(line)}", path=path, offset=start)
+            step: int = event["step"]
+            newest = step if newest is None else newest
+            if step < newest - steps:
+                break
+            out.append(event)
+        out.reverse()
+        return out
+
+    def iter_events(self, name: str = "events.jsonl") -> Iterator[dict[str, Any]]:
+        """Each event of ``events.jsonl`` (or of another file of events: ``collectives.jsonl``, ``steps.jsonl``,
+        ``faults.jsonl``): a dict with an int ``seq`` and ``t`` and a str ``kind``.
 
         An event without a ``step`` (op events of bundles written before events carried one) gets
         the step of the latest step event before it; a damaged line is a :class:`DamagedFileError`."""
-        path = os.path.join(self.info.path, "events.jsonl")
+        path = os.path.join(self.info.path, name)
         if not os.path.lexists(path):
             return
         fd = safe_files.open_private(path)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -25,11 +26,13 @@ def collective_desc(record: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_collective_desc(desc: str) -> dict[str, Any]:
     """The fields of a description (``op``, ``group``, ``ranks`` as a list, ``peer``, ``dtype``, ``sizes``).
 
     Descriptions written before ``ranks``/``peer`` existed (``sizes=[[2, 4]]`` with spaces) read too;
-    a field that does not parse is left out."""
+    a field that does not parse is left out.  Cached (a job repeats a few shapes thousands of times): the dict
+    returned is shared, not to be changed."""
     head, _, sizes = desc.partition(" sizes=")
     words = head.split(" ")
     out: dict[str, Any] = {"op": words[0]}

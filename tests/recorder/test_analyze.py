@@ -105,3 +105,26 @@ def test_a_rank_that_died_without_dumping_is_named_where_the_collectives_agree(t
     assert "(a fatal signal)" in analyze(str(tmp_path)).verdict
     assert main(["rdr", "analyze", str(tmp_path), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["died"] == [1]
+
+
+def test_bundles_without_the_split_files_are_read_from_events_jsonl_alike(tmp_path):
+    """Bundles written before steps.jsonl and faults.jsonl existed: analyze parses events.jsonl, same verdict."""
+    for rank in range(2):
+        write_rank(tmp_path / "new", rank, 2, all_reduces(4), steps=6)
+        old = write_rank(tmp_path / "old", rank, 2, all_reduces(4), steps=6)
+        for name in ("steps.jsonl", "faults.jsonl"):
+            os.unlink(os.path.join(old, name))
+    new, old = analyze(str(tmp_path / "new")), analyze(str(tmp_path / "old"))
+    assert (new.verdict, new.consistent, new.lineup.collectives) == (old.verdict, old.consistent,
+                                                                    old.lineup.collectives)
+    assert new.consistent and new.lineup.collectives == 4
+
+
+def test_a_damaged_steps_file_names_its_byte(tmp_path, capsys):
+    bundle = write_rank(tmp_path, 0, 1, all_reduces(2), steps=3)
+    size = os.path.getsize(os.path.join(bundle, "steps.jsonl"))
+    with open(os.path.join(bundle, "steps.jsonl"), "ab") as fh:
+        fh.write(b'{"seq": 9, "t": "late"}\n')
+    assert main(["rdr", "analyze", str(tmp_path)]) == 1  # a problem: the bundle cannot be read
+    err = capsys.readouterr().err
+    assert "steps.jsonl" in err and f"byte {size} is not an event" in err
