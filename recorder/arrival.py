@@ -253,12 +253,12 @@ def line_up(timelines: Iterable[RankTimeline], *, step_window: int = STEP_WINDOW
     scores = {r: statistics.median(late[r].values()) if late[r] else 0.0 for r in ranks}
     out = Lineup(offsets_s={h: o / 1e9 for h, o in offsets.items()}, collectives=counted, steps=len(steps))
     out.threshold_s = max(MIN_LATE_S, STEP_SHARE * step_s)
+    others = _medians_of_others(scores)
+    excesses = _excesses(busy)
     for r in sorted(ranks):
-        others = [s for q, s in scores.items() if q != r]
-        excess = _excess(r, busy)
+        excess = excesses.get(r, {})
         phase = max(excess, key=excess.__getitem__) if excess else None
-        straggler = len(late[r]) >= MIN_STEPS and scores[r] >= out.threshold_s \
-            and scores[r] >= FACTOR * statistics.median(others)
+        straggler = len(late[r]) >= MIN_STEPS and scores[r] >= out.threshold_s and scores[r] >= FACTOR * others[r]
         named = phase if straggler and phase is not None and excess[phase] > 0 else None
         out.ranks.append(Lateness(r, scores[r], last[r] / len(late[r]) if late[r] else 0.0, len(late[r]),
                                   excess, named, straggler))
@@ -327,15 +327,37 @@ def _busy(tl: RankTimeline, step_window: int, lined: list[tuple[int, int | None]
     return out
 
 
-def _excess(rank: int, busy: Mapping[int, dict[int, dict[str, float]]]) -> dict[str, float]:
-    """Per phase: the median over steps of the rank's busy time less the other ranks' median at that step."""
-    diffs: dict[str, list[float]] = defaultdict(list)
-    for step, row in busy[rank].items():
-        for phase, mine in row.items():
-            theirs = [b[step][phase] for q, b in busy.items() if q != rank and phase in b.get(step, {})]
-            if theirs:
-                diffs[phase].append(mine - statistics.median(theirs))
-    return {phase: statistics.median(d) for phase, d in diffs.items()}
+def _medians_of_others(values: Mapping[Any, float]) -> dict[Any, float]:
+    """For each key, the median of the other keys' values (one sort for all: n keys in O(n log n))."""
+    order = sorted(values, key=values.__getitem__)
+    ranked = [values[k] for k in order]
+    m = len(ranked) - 1  # how many others each key has
+    if m < 1:
+        return {k: 0.0 for k in order}
+
+    def nth(k: int, skip: int) -> float:  # the k-th smallest value once the one at ``skip`` is left out
+        return ranked[k] if k < skip else ranked[k + 1]
+
+    out = {}
+    for i, key in enumerate(order):
+        out[key] = nth(m // 2, i) if m % 2 else (nth(m // 2 - 1, i) + nth(m // 2, i)) / 2
+    return out
+
+
+def _excesses(busy: Mapping[int, dict[int, dict[str, float]]]) -> dict[int, dict[str, float]]:
+    """Per rank and phase: the median over steps of the rank's busy time less the other ranks' median at that step."""
+    cells: dict[tuple[int, str], dict[int, float]] = defaultdict(dict)  # (step, phase) -> rank -> busy
+    for rank, rows in busy.items():
+        for step, row in rows.items():
+            for phase, took in row.items():
+                cells[(step, phase)][rank] = took
+    diffs: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (_step, phase), by_rank in cells.items():
+        if len(by_rank) < 2:
+            continue
+        for rank, theirs in _medians_of_others(by_rank).items():
+            diffs[rank][phase].append(by_rank[rank] - theirs)
+    return {rank: {phase: statistics.median(d) for phase, d in per.items()} for rank, per in diffs.items()}
 
 
 def _merged(intervals: list[tuple[int, int | None]]) -> list[tuple[int, int]]:

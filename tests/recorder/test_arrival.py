@@ -122,3 +122,17 @@ def test_timeline_from_bundle_events():
     assert tl.arrivals[("default", 4)] == Arrival("default", 4, "all_reduce", 210, None, False, 1)
     assert tl.phases == [Phase(1, "data", 90, 100)]
     assert tl.steps == {1: (100, 300)}
+
+
+def test_the_median_of_the_other_ranks_is_each_ranks_own_leave_one_out_median():
+    import statistics
+
+    from recorder.arrival import _medians_of_others
+
+    rng = random.Random(3)
+    for n in range(1, 10):
+        values = {r: rng.choice([0.0, 1.0, rng.random()]) for r in range(n)}
+        got = _medians_of_others(values)
+        for r in values:
+            others = [v for q, v in values.items() if q != r]
+            assert got[r] == pytest.approx(statistics.median(others) if others else 0.0)
