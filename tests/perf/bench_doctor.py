@@ -1,10 +1,11 @@
 """The job doctor at scale: ``obs top --once --json`` and ``obs rdr analyze --json`` on N simulated ranks.
 
-Run: python tests/perf/bench_doctor.py [--ranks 64,128,256,512] [--repeats 3] [--limit-s 900]
-                                       [--profile-ranks 512] [--no-cold] [--dir DIR] [--out bench-doctor.json]
+Run: python tests/perf/bench_doctor.py [--ranks 64,128,256,512] [--repeats 3] [--limit-s 60] [--profile-ranks 512]
+                                       [--profile-under 30] [--no-cold] [--dir DIR] [--out bench-doctor.json]
+     (docs/benchmarks.md's table: --limit-s 1800 --profile-under inf; the default run takes about 10 minutes)
 
 Budget (per command, at 512 ranks): <= 10 s and <= 1 GiB.  Per N, :mod:`sim_ranks` writes a job under a temporary
-folder (removed at the end) with the real ring writer: full default rings (~13 MiB a rank), a 20-module model at
+folder (removed at the end) with the real ring writer: full default rings (~13.9 MiB a rank), a 20-module model at
 granularity ``module``, 8 bucket all_reduces a step, rank 7 slow by +50 ms in data loading.  Then:
 
 * ``top``: ``python -m obs top --once --json ROOT`` while this process keeps every ring open and locked (the live
@@ -18,14 +19,16 @@ granularity ``module``, 8 bucket all_reduces a step, rank 7 slow by +50 ms in da
 Each command runs in a fresh process, started by a small launcher process whose ``RUSAGE_CHILDREN`` peak RSS is the
 command's own (a child forked from this process would start with this process's resident memory on its account).
 Wall time is the median of ``--repeats`` runs, or one run where the first took longer than ``--repeat-under``
-seconds; a run past ``--limit-s`` is killed and reported as such.  Every run's output is checked: the slow rank
+seconds; a run past ``--limit-s`` is killed, reported as such, and its command is not run on the larger jobs.
+Every run's output is checked: the slow rank
 must be the straggler (and, for ``top``, the rank the others wait for), and no other rank.
 
-At ``--profile-ranks`` (default: the largest N) the bench also runs ``recorder.live.read_job`` and
+At ``--profile-ranks`` (default: the largest N), for a command whose run took at most ``--profile-under`` seconds,
+the bench also runs ``recorder.live.read_job`` and
 ``recorder.analyze.analyze`` in this process: once with each stage timed (the module's functions wrapped with a
 timer: no profiler overhead) and once under cProfile (top 15 functions by own time; cProfile slows Python-heavy
-code 2-4x, so read its shares, not its seconds).  The growth with N is fitted (least squares, time and peak RSS
-against N and N^2) and extrapolated to 4,096 ranks.
+code 2-4x, so read its shares, not its seconds).  The growth with N is fitted (least squares of wall time, CPU time
+and peak RSS against N, and against N and N^2) and extrapolated to 4,096 ranks.
 """
 
 from __future__ import annotations
@@ -238,12 +241,12 @@ def in_process(name: str, call: Callable[[], Any], top: int = 15) -> dict[str, A
 
 # -- growth -------------------------------------------------------------------------------------------------------
 def fit(ns: list[int], ys: list[float]) -> dict[str, Any]:
-    """Least squares of y against (1, N) and, with 4 points or more, (1, N, N^2); the log-log slope of the last two
-    points.  ``chosen``: the quadratic where none of its coefficients is negative, else the linear; ``at``: its
-    values at EXTRAPOLATE."""
+    """Least squares of y against (1, N) and, with 4 points or more, (1, N, N^2), each with its values at EXTRAPOLATE;
+    the log-log slope of the last two points (1: linear, 2: quadratic).  Four noisy points cannot tell a small N^2
+    term from noise: read the linear line as the estimate and the quadratic as its upper side."""
     x = np.array(ns, float)
     y = np.array(ys, float)
-    out: dict[str, Any] = {"chosen": None, "at": None}
+    out: dict[str, Any] = {}
     if len(ns) < 2:
         return out
     out["slope_loglog_last_two"] = round(float(np.log(y[-1] / y[-2]) / np.log(x[-1] / x[-2])), 3)
@@ -254,8 +257,6 @@ def fit(ns: list[int], ys: list[float]) -> dict[str, Any]:
         out[name] = {"coefficients_high_first": [float(c) for c in coef],
                      "max_residual": round(float(np.max(np.abs(np.polyval(coef, x) - y))), 3),
                      "at": {str(n): round(float(np.polyval(coef, n)), 1) for n in EXTRAPOLATE}}
-        if degree == 1 or min(coef) >= 0:
-            out["chosen"], out["at"] = name, out[name]["at"]
     return out
 
 
@@ -435,9 +436,10 @@ def summarize(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[s
                  cell(r.get("analyze_cold_cache"), "wall_s")]
         print(" ".join(f"{c:>13}" for c in cells))
     for command in ("top", "analyze"):
-        g = growth[command]
-        print(f"{command}: CPU s at {g['cpu_s']['at']} ({g['cpu_s']['chosen']} fit), wall s at {g['wall_s']['at']} "
-              f"({g['wall_s']['chosen']}), peak MiB at {g['peak_rss_mib']['at']} ({g['peak_rss_mib']['chosen']})")
+        for key in ("cpu_s", "wall_s", "peak_rss_mib"):
+            g = growth[command][key]
+            fits = ", ".join(f"{name} {g[name]['at']}" for name in ("linear", "quadratic") if name in g)
+            print(f"{command} {key}: log-log slope {g.get('slope_loglog_last_two')}; {fits or 'too few sizes'}")
     if budgets:
         print(f"budgets at {BUDGET_RANKS} ranks (<= {BUDGET_S:g} s, <= {BUDGET_MIB:g} MiB): "
               + "; ".join(f"{c} {'met' if b['met'] else 'missed'}" for c, b in budgets.items()))

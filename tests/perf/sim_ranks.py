@@ -4,8 +4,8 @@ with the real ring writer.
 Run: python tests/perf/sim_ranks.py ROOT --ranks 16 [--bundles] [--hold] [--check]
 (``--hold`` keeps the rings open, as a running job does, until Enter: try ``obs top ROOT`` meanwhile.)
 
-Each rank's ring is a :class:`recorder.ring.RingWriter` with the default capacities (~13 MiB a rank, as a
-user's job has), filled as a training rank at granularity ``module`` fills it:
+Each rank's ring is a :class:`recorder.ring.RingWriter` with the default capacities (~13.9 MiB a rank, as
+a user's job has), filled as a training rank at granularity ``module`` fills it:
 
 * per step: STEP_BEGIN, PHASE data / forward / backward / optimizer (``a``, ``b``, ``c``, ``d`` as
   ``Recorder._subscribe`` writes them), MODULE_ENTER / MODULE_EXIT of a 20-module model (MindSpore scopes, as
@@ -16,6 +16,7 @@ user's job has), filled as a training rank at granularity ``module`` fills it:
   the step's first all_reduce;
 * enough steps to wrap the module ring once, so every ring is full, as in a long job (the step and collective
   rings wrap several times; the memory ring holds one slot a step);
+* no blobs (prints, settings changes, markers): a quiet job's;
 * times in ``time.perf_counter_ns()`` units, one clock for every rank (hosts named ``sim-node-NNN``, 8 ranks a
   host); the live picture ends mid-step: every rank but the slow one waits in the step's first all_reduce, the
   slow one is still loading data.
@@ -26,7 +27,9 @@ Slots are written straight into the writer's map with numpy (``SLOT_DTYPE``, the
 the regions are the writer's own.  Each rank's header carries a fake pid (``ring_{pid}.obsring``); the rings stay
 locked (``flock``: alive to ``obs top``) while the :class:`SimJob` holds them open.  :meth:`SimJob.dump` writes
 each rank's bundle from its ring as ``Recorder.dump`` does (``read_ring``, ``bundle_parts``, ``write_bundle``),
-and its ``marker.json`` as ``Recorder.mark`` does.
+and its ``marker.json`` as ``Recorder.mark`` does.  The slots, bundles and markers are written by forked workers
+(one per core) through the maps they inherit; 512 ranks take about 20 s for the rings and 60 s for the bundles on
+2 cores.
 """
 
 from __future__ import annotations
