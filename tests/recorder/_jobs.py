@@ -25,3 +25,16 @@ def kill_leftovers(pids_dir, script: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except (FileNotFoundError, ProcessLookupError):
             pass
+
+
+def finish(proc, pids_dir, script: str, timeout: float) -> tuple[int, str]:
+    """Wait for a job started in its own session (``start_new_session=True``) with its output piped; its exit code
+    and output.  No worker outlives it: the session is killed if it overran, then any leftover worker."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        kill_leftovers(pids_dir, script)
+    return proc.returncode, out

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import pytest
 from obs.cli import main
 from recorder.analyze import analyze
 from recorder.bundle_reader import list_bundles, load_bundle
-from tests.recorder._jobs import free_port, kill_leftovers
+from tests.recorder._jobs import finish, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -42,14 +41,7 @@ def torchrun(tmp_path, ranks, scenario, *, mode=1, env=None, **sections):
     cmd = [sys.executable, *launcher, SCRIPT, str(config), str(pids), scenario]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        kill_leftovers(pids, "dist_script.py")
-    return proc.returncode, out
+    return finish(proc, pids, "dist_script.py", 150)
 
 
 def collectives(tmp_path, rank):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import pytest
 
 from obs.cli import main
 from recorder.live import read_job
-from tests.recorder._jobs import free_port, kill_leftovers
+from tests.recorder._jobs import finish, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -38,15 +37,7 @@ def _start(tmp_path, scenario, steps, ranks=3):
 
 
 def _finish(proc, pids, timeout=120):
-    """The job's exit code and output; no worker outlives it."""
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        kill_leftovers(pids, "doctor_script.py")
-    return proc.returncode, out
+    return finish(proc, pids, "doctor_script.py", timeout)
 
 
 def _analyze(tmp_path, capsys):

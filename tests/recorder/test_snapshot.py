@@ -24,7 +24,7 @@ from recorder.now import now, open_collective
 from recorder.requests import requests_dir
 from recorder.ring import RingWriter
 from recorder.ring_reader import read_ring, read_ring_file
-from tests.recorder._jobs import free_port, kill_leftovers
+from tests.recorder._jobs import finish, free_port, kill_leftovers
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "snapshot_script.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
@@ -88,14 +88,7 @@ class Job:
         raise AssertionError(f"rank {rank} never entered a collective")
 
     def finish(self, timeout=90.0):
-        try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            kill_leftovers(self.pids, "snapshot_script.py")
-        return self.proc.returncode, out
+        return finish(self.proc, self.pids, "snapshot_script.py", timeout)
 
 
 @pytest.fixture(name="job")

@@ -15,6 +15,7 @@ from obs.features.dump.diff import compare_dumps, diff_dumps
 from obs.features.dump.diff_metrics import Tolerance
 from obs.runtime.steps import tracker
 from tests.obs.cli.test_cli import obs_cli
+from tests.obs.features.dump.test_reader_cli import dump_config
 
 LAYER = re.compile(r"layers-ModuleList_(\d+)")
 
@@ -48,13 +49,7 @@ class MLP(torch.nn.Module):
 def dump(root, *, saved="full", lr=1e-3, steps=1, compiled=False, **model):
     """Train ``MLP(**model)`` for ``steps`` steps with obs's data dump on (``saved``: statistic, tensor or full);
     returns the dump's folder."""
-    cfg = {"dump": {"common_dump_settings": {
-        "dump_mode": 0, "path": str(root), "net_name": "Net", "iteration": "all", "saved_data": saved,
-        "input_output": 0, "kernels": [], "support_device": [0],
-        "statistic_category": ["max", "min", "avg", "nan count", "l2norm"]}}}
-    root.parent.mkdir(parents=True, exist_ok=True)
-    config = root.parent / f"{root.name}.json"
-    config.write_text(json.dumps(cfg))
+    config = dump_config(root, saved)
     torch.manual_seed(0)
     net = MLP(**model)
     run = torch.compile(net, backend="aot_eager") if compiled else net

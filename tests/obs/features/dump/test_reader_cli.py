@@ -22,7 +22,9 @@ from tests.obs.cli.test_cli import obs_cli
 from tests.obs.features.dump.test_data_dump import Net
 
 
-def dump_run(root, *, saved="full", steps=2, plant=None, seed=0):
+def dump_config(root, saved):
+    """An env config beside ``root`` whose data dump (every iteration, ``saved``: statistic, tensor or full) goes
+    to ``root``; its path."""
     cfg = {"dump": {"common_dump_settings": {
         "dump_mode": 0, "path": str(root), "net_name": "Net", "iteration": "all", "saved_data": saved,
         "input_output": 0, "kernels": [], "support_device": [0],
@@ -30,6 +32,11 @@ def dump_run(root, *, saved="full", steps=2, plant=None, seed=0):
     root.parent.mkdir(parents=True, exist_ok=True)
     path = root.parent / f"{root.name}.json"
     path.write_text(json.dumps(cfg))
+    return path
+
+
+def dump_run(root, *, saved="full", steps=2, plant=None, seed=0):
+    path = dump_config(root, saved)
     torch.manual_seed(seed)
     net = Net()
     if plant is not None:
