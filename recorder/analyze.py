@@ -21,16 +21,17 @@ Pure: a folder of ``rank_{r}/rdr`` trees in, an :class:`Analysis` out (the CLI r
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from obs._core import safe_files
+from recorder import collective_table
 from recorder.arrival import PHASE_LABELS, STEP_WINDOW, Lineup, RankTimeline, line_up, timeline_from_events
 from recorder.bundle_reader import BAD_FILE, BundleInfo, list_bundles, load_bundle, parse_json
-from recorder.collective_desc import parse_collective_desc
+from recorder.mismatch import Mismatch, mismatches
+from recorder.rank_records import CollectiveRecord, Descriptions, RankCollectives, add_arrivals, rank_collectives
 from recorder.recover import near
 from recorder.stacks import is_hidden, is_library, is_wrapper
 
@@ -42,29 +43,6 @@ _NAN_FAULTS = ("nan_inf",)  # the FAULT kind of obs.dump's NaN/Inf check
 _SNAPSHOTS = ("hang", "manual", "snapshot", "peer_hang")
 _FOREVER = 1 << 63
 _MAX_RANKS = 1 << 16  # a rank or world size beyond this in a file is damage, not a job
-_SEND, _RECV = frozenset({"send", "isend"}), frozenset({"recv", "irecv"})
-
-
-@dataclass(frozen=True)
-class CollectiveRecord:
-    """A rank's last word on one collective: its group, sequence number, op, sizes, dtype and state."""
-
-    group: str
-    seq: int
-    op: str
-    sizes: list[Any]
-    dtype: str | None
-    state: str
-    step: int
-    t: int
-    members: list[int] | None = None
-
-    def signature(self) -> tuple[Any, ...]:
-        op = "send/recv" if self.op in _SEND | _RECV else self.op
-        return op, repr(self.sizes), self.dtype
-
-    def describe(self) -> str:
-        return f"{self.op} {self.dtype} {self.sizes}"
 
 
 @dataclass(frozen=True)
@@ -86,21 +64,6 @@ class RankState:
     note: str | None = None  #: why there is no bundle (from the marker), or what else there is to know
     #: the innermost frame of the user's code on its main thread when it dumped (``file:line in function``)
     where: str | None = None
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """The first collective of a group where its ranks disagree."""
-
-    group: str
-    seq: int
-    kind: str  #: missing | op | size | dtype
-    expected: str  #: what the majority ran
-    sides: dict[str, list[int]]  #: what each side ran ("never reached it" for missing ranks) → its ranks
-    culprits: list[int]
-    step: int
-    t: int
-    detail: str
 
 
 @dataclass(frozen=True)
@@ -163,16 +126,17 @@ def analyze(root: str) -> Analysis:
     for ring in listing.rings:
         rings[_rank_of_folder(ring.path)].append(os.path.basename(ring.path))
 
-    ranks, timelines, world, faults, unreadable, arrivals = [], {}, 1, [], {}, []
+    ranks, collectives, world, faults, unreadable, arrivals = [], {}, 1, [], {}, []
+    descs = Descriptions()
     for rank, info in sorted(newest.items()):
         try:
-            state, timeline, size, fault, arrival = _read_rank(rank, info)
+            state, records, size, fault, arrival = _read_rank(rank, info, descs)
         except BAD_FILE as exc:
             problems.append(str(exc))
             unreadable[rank] = f"its newest bundle cannot be read: {exc}"
             continue
         ranks.append(state)
-        timelines[rank] = timeline
+        collectives[rank] = records
         arrivals.append(arrival)
         world = max(world, size if _is_rank(size) else 1)
         faults += fault
@@ -189,15 +153,15 @@ def analyze(root: str) -> Analysis:
 
     out = Analysis(os.path.abspath(root), run_id, world, ranks, no_bundle, other_runs=other_runs, problems=problems)
     # a snapshot (a rank that went on after dumping) cannot tell about collectives begun after it was taken
-    taken = {r: newest[r].created_ns if newest[r].reason in _SNAPSHOTS else _FOREVER for r in timelines}
-    out.mismatches = _mismatches(timelines, world, taken, {s.rank: s.step for s in ranks if s.bundle})
+    taken = {r: newest[r].created_ns if newest[r].reason in _SNAPSHOTS else _FOREVER for r in collectives}
+    out.mismatches = mismatches(collectives, descs, world, taken, {s.rank: s.step for s in ranks if s.bundle})
     out.lineup = line_up(arrivals)
-    out.stragglers = _stragglers(ranks, timelines, out.lineup)
+    out.stragglers = _stragglers(ranks, collectives, out.lineup)
     out.raised = [s.rank for s in ranks if s.exception]
     out.died = [s.rank for s in ranks if s.recovered]
     out.nan = min(faults, key=lambda f: (f["step"], f["t"])) if faults else None
     if not out.mismatches:
-        out.stuck = _stuck(timelines)
+        out.stuck = _stuck(collectives, descs)
     _verdict(out)
     return out
 
@@ -245,128 +209,48 @@ def _why_no_bundle(marker: dict[str, Any] | None, rings: list[str] | None, run_i
     return f"no bundle; its marker says {state!r}"
 
 
-def _read_rank(rank: int, info: BundleInfo) -> tuple[RankState, dict[str, dict[int, CollectiveRecord]], Any,
-                                                   list[dict[str, Any]], RankTimeline]:
+def _read_rank(rank: int, info: BundleInfo, descs: Descriptions) \
+        -> tuple[RankState, RankCollectives, Any, list[dict[str, Any]], RankTimeline]:
     bundle = load_bundle(info.path)
-    timeline: dict[str, dict[int, CollectiveRecord]] = defaultdict(dict)
+    host = bundle.manifest.get("host")
+    host = host if isinstance(host, str) else ""
     faults: list[dict[str, Any]] = []
-    last: CollectiveRecord | None = None
-    times: list[dict[str, Any]] = []  # what recorder.arrival lines up: collectives, phases, step marks
-    # bundles from this version on hold the few kinds read here in files of their own: events.jsonl is not parsed
-    split = all(bundle.has(name) for name in ("collectives.jsonl", "steps.jsonl", "faults.jsonl"))
-    events = itertools.chain(bundle.iter_events("collectives.jsonl"), bundle.newest_steps("steps.jsonl", STEP_WINDOW),
-                             bundle.iter_events("faults.jsonl")) if split else \
-        bundle.select({"collective", "fault", "phase", "step_begin", "step_end"})
-    for event in events:
-        if event["kind"] != "fault":
-            times.append(event)
-            if event["kind"] != "collective":
-                continue
-        if event["kind"] == "fault":
-            if event.get("fault") in _NAN_FAULTS:
-                faults.append({"rank": rank, "step": _int(event.get("step")), "t": event["t"],
-                               "fault": str(event.get("fault")), "detail": str(event.get("detail", ""))})
-            continue
-        fields = parse_collective_desc(str(event.get("desc", "")))
-        group, seq = str(fields.get("group", "?")), event.get("group_seq")
-        if not isinstance(seq, int):
-            continue
-        before = timeline[group].get(seq)
-        record = CollectiveRecord(group, seq, fields["op"], fields.get("sizes", []), fields.get("dtype"),
-                                  str(event.get("state")), _int(event.get("step")),
-                                  before.t if before else int(event["t"]), fields.get("ranks"))
-        timeline[group][seq] = record
-        last = record
+    # bundles from this version on hold the few kinds read here in files of their own (the collectives in columns,
+    # collectives.bin): events.jsonl is not parsed; older bundles' lines are read into the same table
+    if bundle.has(collective_table.FILE):
+        path = os.path.join(info.path, collective_table.FILE)
+        table = collective_table.decode(safe_files.read_private(path), path)
+    elif bundle.has("collectives.jsonl"):
+        table = collective_table.CollectiveTable.from_events(bundle.iter_events("collectives.jsonl"))
+    else:
+        table = collective_table.CollectiveTable.from_events(bundle.select({"collective"}))
+    if bundle.has("steps.jsonl") and bundle.has("faults.jsonl"):
+        marks = bundle.newest_steps("steps.jsonl", STEP_WINDOW)
+        fault_events = bundle.iter_events("faults.jsonl")
+    else:
+        listed = list(bundle.select({"fault", "phase", "step_begin", "step_end"}))
+        marks = [e for e in listed if e["kind"] != "fault"]
+        fault_events = iter([e for e in listed if e["kind"] == "fault"])
+    for event in fault_events:
+        if event["kind"] == "fault" and event.get("fault") in _NAN_FAULTS:
+            faults.append({"rank": rank, "step": _int(event.get("step")), "t": event["t"],
+                           "fault": str(event.get("fault")), "detail": str(event.get("detail", ""))})
+    collectives = rank_collectives(table, descs)
+    timeline = timeline_from_events(rank, host, marks)
+    newest = max([s for s, _ in timeline.steps.items()] or [int(table.rows["step"].max()) if len(table.rows) else 0])
+    add_arrivals(timeline, table, descs, newest - STEP_WINDOW)
+    last = collectives.last
     exc = bundle.exception
     text = f"{exc.get('type')}: {exc.get('message')}" if exc else None
     in_collective = bool(exc) and last is not None and last.state == "failed"
-    state = RankState(rank, info.path, info.reason, info.step, bundle.manifest.get("host"), info.pid, info.recovered,
+    state = RankState(rank, info.path, info.reason, info.step, host or None, info.pid, info.recovered,
                       info.run_id, text, in_collective, last, where=_main_where(bundle.stacks))
-    host = bundle.manifest.get("host")
-    return state, dict(timeline), bundle.manifest.get("world_size"), faults, \
-        timeline_from_events(rank, host if isinstance(host, str) else "", times)
+    return state, collectives, bundle.manifest.get("world_size"), faults, timeline
 
 
-def _members(group: str, records: dict[int, CollectiveRecord], world: int) -> list[int]:
-    if ":p2p:" in group:
-        pair = group.rsplit(":", 1)[1]
-        if "-" in pair:
-            lo, hi = pair.split("-", 1)
-            if lo.isdigit() and hi.isdigit():
-                return sorted({int(lo), int(hi)})
-        return sorted(records)
-    for record in records.values():
-        if record.members:
-            return sorted(record.members)
-    return list(range(world)) if group == "default" else sorted(records)
-
-
-def _mismatches(timelines: dict[int, dict[str, dict[int, CollectiveRecord]]], world: int,
-                made: dict[int, int], steps: dict[int, int | None]) -> list[Mismatch]:
-    groups = sorted({g for t in timelines.values() for g in t})
-    found = []
-    for group in groups:
-        per_rank = {r: t.get(group, {}) for r, t in timelines.items()}
-        sample = {r: next(iter(recs.values())) for r, recs in per_rank.items() if recs}
-        members = [r for r in _members(group, sample, world) if r in timelines]
-        if len(members) < 2:
-            continue
-        # a ring keeps only its newest collectives: compare from where every member's record starts
-        lo = max((min(per_rank[r]) if per_rank[r] else 1) for r in members)
-        hi = max((max(per_rank[r]) if per_rank[r] else 0) for r in members)
-        for seq in sorted({q for r in members for q in per_rank[r] if lo <= q <= hi}):
-            mismatch = _compare(group, seq, {r: per_rank[r] for r in members}, made, steps)
-            if mismatch is not None:
-                found.append(mismatch)
-                break
-    found.sort(key=lambda m: m.t)
-    return found
-
-
-def _compare(group: str, seq: int, per_rank: dict[int, dict[int, CollectiveRecord]],
-             made: dict[int, int], steps: dict[int, int | None]) -> Mismatch | None:
-    here = {r: recs.get(seq) for r, recs in per_rank.items()}
-    present = {r: rec for r, rec in here.items() if rec is not None}
-    first = min(present.values(), key=lambda rec: rec.t)
-    missing = sorted(r for r, rec in here.items() if rec is None and made.get(r, 0) > first.t
-                     and not _passed(seq, first.step, per_rank[r], steps.get(r)))
-    if missing:
-        sides = {first.describe(): sorted(present), "never reached it": missing}
-        return Mismatch(group, seq, "missing", first.describe(), sides, missing, first.step, first.t,
-                        f"rank(s) {_ranks(missing)} never reached {group} collective #{seq} ({first.op}), "
-                        f"which rank(s) {_ranks(sorted(present))} entered")
-    if len(present) < 2:
-        return None
-    by_sig: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-    for r, rec in sorted(present.items()):
-        by_sig[rec.signature()].append(r)
-    if len(by_sig) == 1:
-        return None
-    ordered = sorted(by_sig.values(), key=lambda rs: (-len(rs), rs[0]))
-    majority = ordered[0]
-    expected = present[majority[0]]
-    sides = {present[rs[0]].describe(): rs for rs in ordered}
-    culprits = sorted(r for rs in ordered[1:] for r in rs) if len(majority) > len(ordered[1]) else \
-        sorted(present)
-    odd = present[ordered[1][0]]
-    kind = "op" if odd.op != expected.op and not ({odd.op, expected.op} <= _SEND | _RECV) else \
-        "size" if odd.sizes != expected.sizes else "dtype"
-    detail = "; ".join(f"rank(s) {_ranks(rs)} ran {present[rs[0]].describe()}" for rs in ordered)
-    return Mismatch(group, seq, kind, expected.describe(), sides, culprits, expected.step, first.t,
-                    f"{group} collective #{seq}: {kind} differs: {detail}")
-
-
-def _passed(seq: int, step: int | None, records: dict[int, CollectiveRecord], rank_step: int | None) -> bool:
-    """Whether a rank without a record of collective ``seq`` (of ``step``) went past it all the same: it recorded a
-    later one of the group, or reached a later step.  A ring recovered after a kill holds no collective that
-    PyTorch issued from C++ (DDP's buckets: they come from the Flight Recorder when a live process dumps)."""
-    return any(q > seq for q in records) or (step is not None and rank_step is not None and rank_step > step)
-
-
-def _stragglers(ranks: list[RankState], timelines: dict[int, dict[str, dict[int, CollectiveRecord]]],
-                lineup: Lineup) -> list[Straggler]:
+def _stragglers(ranks: list[RankState], collectives: dict[int, RankCollectives], lineup: Lineup) -> list[Straggler]:
     steps = {s.rank: s.step or 0 for s in ranks if s.bundle}
-    seqs = {r: max(t.get("default", {0: None})) for r, t in timelines.items()}
+    seqs = {r: int(c.groups["default"].seq[-1]) if "default" in c.groups else 0 for r, c in collectives.items()}
     if len(steps) < 2:
         return []
     top_step, top_seq = max(steps.values()), max(seqs.values(), default=0)
@@ -382,9 +266,10 @@ def _stragglers(ranks: list[RankState], timelines: dict[int, dict[str, dict[int,
     return out
 
 
-def _stuck(timelines: dict[int, dict[str, dict[int, CollectiveRecord]]]) -> CollectiveRecord | None:
+def _stuck(collectives: dict[int, RankCollectives], descs: Descriptions) -> CollectiveRecord | None:
     """A collective that every rank entered and none finished (they all wait: a hang with no rank to blame)."""
-    lasts = [t["default"][max(t["default"])] for t in timelines.values() if t.get("default")]
+    lasts = [c.groups["default"].record(len(c.groups["default"].seq) - 1, descs) for c in collectives.values()
+             if "default" in c.groups]
     if len(lasts) < 2 or len({(r.seq, r.signature()) for r in lasts}) != 1:
         return None
     return lasts[0] if all(r.state in ("scheduled", "started") for r in lasts) else None

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from obs._core.safe_files import safe_name
+from recorder import collective_table
 from recorder.bundle import SCHEMA_VERSION
 from recorder.layout import Kind
 from recorder.ring_reader import RingContents
@@ -27,6 +28,7 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
         "events.jsonl": contents.event_lines(),
         "memory.jsonl": contents.event_lines((Kind.MEMORY,)),
         "collectives.jsonl": contents.event_lines((Kind.COLLECTIVE,)),
+        collective_table.FILE: collective_table.CollectiveTable.from_contents(contents).encode(),  # read by analyze
         # what `obs rdr analyze` reads besides the collectives, without parsing every event
         "steps.jsonl": contents.event_lines((Kind.STEP_BEGIN, Kind.STEP_END, Kind.PHASE)),
         "faults.jsonl": contents.event_lines((Kind.FAULT,)),

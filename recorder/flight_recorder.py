@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from recorder import collective_table
 from recorder.collective_desc import collective_desc, parse_collective_desc
 
 __all__ = ["collective_error", "entry_record", "merge_entries"]
@@ -65,7 +66,8 @@ def entry_record(entry: dict[str, Any], *, default_name: str | None, members: di
 
 def merge_entries(files: dict[str, Any], records: list[dict[str, Any]]) -> int:
     """Add ``records`` (from :func:`entry_record`) that the bundle does not hold yet (by group and sequence number)
-    to ``files["events.jsonl"]`` and ``files["collectives.jsonl"]`` (lists of JSON lines ordered by time); returns
+    to ``files["events.jsonl"]`` and ``files["collectives.jsonl"]`` (lists of JSON lines ordered by time), and to
+    ``files["collectives.bin"]`` (:mod:`recorder.collective_table`) where it is there; returns
     how many were added.  Entries older than the bundle's first event are left out (the ring had already let go
     of that time).
 
@@ -90,6 +92,9 @@ def merge_entries(files: dict[str, Any], records: list[dict[str, Any]]) -> int:
     files["events.jsonl"], where = _insert(events, fresh)
     files["collectives.jsonl"] = _insert(collectives, fresh, where)[0] if collectives else \
         [_line(r, w) for r, w in zip(fresh, where)]
+    table = files.get(collective_table.FILE)
+    if isinstance(table, bytes):
+        files[collective_table.FILE] = collective_table.decode(table, collective_table.FILE).plus(fresh, where).encode()
     return len(fresh)
 
 

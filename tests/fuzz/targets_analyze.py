@@ -1,5 +1,6 @@
 """Fuzz targets: ``obs rdr analyze`` over a two-rank job whose rank 1 has a mutated events.jsonl (the collective
-descriptions it parses), or left only a mutated marker.json (no bundle), through
+descriptions it parses, in a bundle of before ``collectives.bin``) or collectives.bin (the table of the collectives),
+or left only a mutated marker.json (no bundle), through
 :func:`recorder.analyze.analyze` and the CLI.
 
 Seeds are real: each rank's ring written by :class:`RingWriter` with collectives described by
@@ -23,6 +24,7 @@ def _job(scratch: str) -> dict[str, bytes]:
     if _FILES:
         return _FILES
     import recorder.layout as layout
+    from recorder import collective_table
     from recorder.assemble import bundle_parts
     from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
     from recorder.layout import Kind
@@ -57,6 +59,7 @@ def _job(scratch: str) -> dict[str, bytes]:
         ring.close(remove=True)
         _FILES[f"rank_{rank}/manifest.json"] = json.dumps(manifest).encode()
         _FILES[f"rank_{rank}/events.jsonl"] = "".join(line + "\n" for line in files["events.jsonl"]).encode()
+        _FILES[f"rank_{rank}/{collective_table.FILE}"] = files[collective_table.FILE]
         _FILES[f"rank_{rank}/marker.json"] = json.dumps({"state": "dumped", "pid": 100 + rank, "rank": rank,
                                                          "world_size": 2, "run_id": "fuzzjob"}).encode()
     return _FILES
@@ -79,6 +82,8 @@ def _place(name: str):  # noqa: ANN202 - the job with rank 1's ``name`` replaced
             os.makedirs(rdr if name == "marker.json" and rank == "rank_1" else bundle, 0o700, exist_ok=True)
             if name == "marker.json" and rank == "rank_1" and file != "marker.json":
                 continue  # rank 1 left only its marker: analyze says why from it
+            if name == "events.jsonl" and file == "collectives.bin":
+                continue  # a bundle of before collectives.bin: analyze reads the collectives from events.jsonl
             target = os.path.join(rdr if file == "marker.json" else bundle, file)
             with open(target, "wb") as fh:
                 fh.write(data if key == f"rank_1/{name}" else content)
@@ -107,5 +112,7 @@ def _analyze(name: str):  # noqa: ANN202 - the engine, then one CLI form chosen 
 
 TARGETS = [
     Target("rdr_analyze_events", _seeds("events.jsonl"), _analyze("events.jsonl"), place=_place("events.jsonl")),
+    Target("rdr_analyze_collectives", _seeds("collectives.bin"), _analyze("collectives.bin"),
+           place=_place("collectives.bin")),
     Target("rdr_analyze_marker", _seeds("marker.json"), _analyze("marker.json"), place=_place("marker.json")),
 ]

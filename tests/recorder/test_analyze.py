@@ -108,11 +108,12 @@ def test_a_rank_that_died_without_dumping_is_named_where_the_collectives_agree(t
 
 
 def test_bundles_without_the_split_files_are_read_from_events_jsonl_alike(tmp_path):
-    """Bundles written before steps.jsonl and faults.jsonl existed: analyze parses events.jsonl, same verdict."""
+    """Bundles written before collectives.bin, steps.jsonl and faults.jsonl existed: analyze parses events.jsonl,
+    same verdict."""
     for rank in range(2):
         write_rank(tmp_path / "new", rank, 2, all_reduces(4), steps=6)
         old = write_rank(tmp_path / "old", rank, 2, all_reduces(4), steps=6)
-        for name in ("steps.jsonl", "faults.jsonl"):
+        for name in ("steps.jsonl", "faults.jsonl", "collectives.bin", "collectives.jsonl"):
             os.unlink(os.path.join(old, name))
     new, old = analyze(str(tmp_path / "new")), analyze(str(tmp_path / "old"))
     assert (new.verdict, new.consistent, new.lineup.collectives) == (old.verdict, old.consistent,
