@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from obs._core.safe_files import safe_name
-from recorder import collective_table
+from recorder import collective_table, device_faults
 from recorder.bundle import SCHEMA_VERSION
 from recorder.layout import Kind
 from recorder.ring_reader import RingContents
@@ -42,6 +42,9 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
     if exc is not None:
         files["exception.json"] = _json(exc)
         files["exception.txt"] = exc["traceback"]
+    device_fault, device_files = device_faults.bundle_part(contents, error=error, exception=exc, fault=fault,
+                                                           live=not recovered)
+    files.update(device_files)
     for i, (name, graph_text) in enumerate(graphs or ()):
         files[f"graphs/{i:02d}_{safe_name(name)}.ir"] = graph_text
     meta = contents.header.meta
@@ -62,6 +65,7 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
         "last_module": summary["last_module"], "open_modules": summary["open_modules"],
         "last_op": summary["last_op"], "fault": fault, "recovered": recovered,
         "exception": {k: exc[k] for k in ("type", "message", "where", "raised_in")} if exc else None,
+        "device_fault": device_fault,
     }
     return manifest, files
 

@@ -18,6 +18,7 @@ from typing import Any
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
 from recorder.bundle import SCHEMA_VERSION, TMP_PREFIX
+from recorder.device_fault_reader import DeviceFault, read_device_fault
 from recorder.recover import RingFile, find_rings, near
 
 __all__ = ["EVENT_KINDS", "Bundle", "BundleInfo", "Listing", "Selection", "find_bundle", "list_bundles", "load_bundle",
@@ -102,6 +103,7 @@ class Bundle:
     stacks: list[dict[str, Any]]
     fatal_stacks: str
     graphs: list[str]
+    device_fault: DeviceFault | None = None  #: a CUDA fault's explanation (recorder.device_fault_reader)
 
     def events(self, kinds: set[str] | None = None, last: int | None = None,
                step: int | None = None) -> list[dict[str, Any]]:
@@ -330,4 +332,5 @@ def load_bundle(path: str) -> Bundle:
     graphs_dir = os.path.join(path, "graphs")
     graphs = sorted(os.path.join(graphs_dir, g) for g in os.listdir(graphs_dir)) \
         if os.path.isdir(graphs_dir) and not os.path.islink(graphs_dir) else []
-    return Bundle(_info(path, manifest), manifest, _exception(path), _stacks(path), fatal_text, graphs)
+    return Bundle(_info(path, manifest), manifest, _exception(path), _stacks(path), fatal_text, graphs,
+                  read_device_fault(path))

@@ -21,6 +21,7 @@ from rich.text import Text
 from obs._core import env
 from obs.cli._render import clean, console, err_console, print_json, print_json_lines
 from recorder.bundle_reader import EVENT_KINDS, Bundle, Selection, list_bundles, load_bundle
+from recorder.device_faults import explanation_text
 from recorder.stacks import is_hidden, is_wrapper
 
 __all__ = ["default_root", "run_events", "run_ls", "run_recover", "run_show"]
@@ -185,6 +186,12 @@ def _header(b: Bundle, faults: Selection) -> list[tuple[str, Text]]:
             if exc.get("raised_in"):
                 raised.append(f"  (in {_where(exc['raised_in'])})", style="dim")
             rows.append(("raised at", raised))
+    device = b.device_fault
+    if device:
+        rows.append(("device fault", _plain(device.title + (f" in {device.module}" if device.module else "")
+                                            + ("; reported after the kernel failed: not where it happened"
+                                               if device.asynchronous and not device.launch_blocking else ""),
+                                            "bold red")))
     if m.get("last_module"):
         rows.append(("last module", _plain(m["last_module"])))
     if m.get("open_modules"):
@@ -265,7 +272,7 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
     if as_json:
         print_json({"bundle": b.info.path, "manifest": b.manifest, "exception": b.exception, "last_events": events,
                     "memory": b.events({"memory"}, last=5), "stacks": b.stacks, "fatal_stacks": b.fatal_stacks,
-                    "graphs": b.graphs})
+                    "graphs": b.graphs, "device_fault": asdict(b.device_fault) if b.device_fault else None})
         return EXIT_OK
     out = console()
     out.print(Text.assemble(("bundle: ", "bold"), clean(b.info.path)), soft_wrap=True)
@@ -273,6 +280,8 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
         out.print(Text.assemble((f"  {label:<15}", "bold"), value), soft_wrap=True)
     if b.exception:
         _section(out, "exception", b.exception.get("traceback", ""))
+    if b.device_fault:
+        _device_fault(out, b)
     out.print(_timeline(events, f"last {len(events)} events (t relative to the last one)"))
     memory = b.events({"memory"}, last=3)
     if memory:
@@ -286,6 +295,17 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
     for graph in b.graphs:
         out.print(Text(f"graph: {clean(graph)}"), soft_wrap=True)
     return EXIT_OK
+
+
+def _device_fault(out: Any, b: Bundle) -> None:
+    """The CUDA fault's section: what it is, where it surfaced, the ops before it, what to do; an OOM's memory files."""
+    fault = b.device_fault
+    assert fault is not None
+    _section(out, f"device fault: {fault.title}", explanation_text(asdict(fault)))
+    if fault.memory_summary:
+        out.print(Text(f"memory summary: {clean(os.path.join(b.info.path, 'memory_summary.txt'))}"), soft_wrap=True)
+    if fault.memory_snapshot:
+        out.print(Text(f"memory snapshot: {clean(fault.memory_snapshot)}"), soft_wrap=True)
 
 
 def _kinds(items: list[str]) -> set[str] | None:

@@ -5,7 +5,9 @@
 the settings in force: set_context, hot reloads of the file (applied at a step boundary on the
 training thread), reset_context.  When the recording ends (the process, reset_context, the file turning
 the recorder off) it writes the bundle it owes: one for a fault no bundle holds yet, in every mode, else
-``normal_end`` in mode 2.  ``recorder`` is imported lazily so ``import obs`` stays light.
+``normal_end`` in mode 2.  ``recorder`` is imported lazily so ``import obs`` stays light.  With
+``rdr.memory_history`` the CUDA allocator keeps its newest events for a CUDA out of memory's bundle
+(:mod:`obs.features.rdr_memory`).
 
 Where files go: ``{rdr.path}/rank_{r}/rdr/``; an unset ``rdr.path`` is the current folder (as in
 the original).  A run that ends cleanly with nothing to report leaves nothing behind there: no
@@ -16,6 +18,7 @@ ring, no marker, no folder obs created.  A rank whose rank is not known yet (sta
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from obs._core import env
 from obs._core.errors import ObsError
 from obs.features import env_config as env_feature
+from obs.features.rdr_memory import MemoryHistory, add_to_bundle
 from obs.settings._context import get_context, snapshot
 from obs.settings.parallel import agree_run_id, launcher_run_id, rank, world_size
 
@@ -80,6 +84,7 @@ class RdrFeature:
         self.triggers: Triggers | None = None
         self._notice: Any = None  # what the recorder cannot see inside compiled code, said at the first compile
         self._run_id_known = True
+        self.memory_history = MemoryHistory()  # rdr.memory_history: the CUDA allocator's history for OOM bundles
         env_feature.feature.listeners.append(self.sync)
 
     def prepare(self, values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
@@ -91,6 +96,7 @@ class RdrFeature:
     def close(self) -> None:
         with self._lock:
             self._stop(ending=True)
+            self.memory_history.apply(0)
 
     def desired(self) -> RdrConfig | None:
         rdr = env_feature.env_config()["rdr"]
@@ -107,6 +113,8 @@ class RdrFeature:
         """Bring the recorder in line with the settings (start, restart on a new layout, or stop)."""
         with self._lock:
             want = self.desired()
+            rdr = env_feature.env_config()["rdr"]
+            self.memory_history.apply(rdr.get("memory_history", 0) if want is not None else 0)
             have = self.recorder.config if self.recorder is not None else None
             if want == have:
                 return
@@ -126,8 +134,8 @@ class RdrFeature:
         run_id, self._run_id_known = _run_id()
         self.recorder = Recorder(config, rank=rank(), world_size=world_size(), run_id=run_id, settings=_settings,
                                  versions=_versions(), rank_known=_rank_known())
-        if config.granularity != "off":  # collectives are recorded: those PyTorch issued from C++ too
-            self.recorder.amend_files = _flight_recorder_collectives
+        # collectives are recorded (granularity step and up): those PyTorch issued from C++ too
+        self.recorder.amend_files = functools.partial(self._amend_bundle, collectives=config.granularity != "off")
         if config.granularity in ("module", "op"):
             from obs.features.compiled_notice import CompiledNotice
 
@@ -172,9 +180,17 @@ class RdrFeature:
         self.triggers.hang_action = config.hang_action
         self.triggers.start_watchdog()
 
+    def _amend_bundle(self, files: dict[str, Any], *, collectives: bool) -> None:
+        """What the live process adds to a bundle: PyTorch's Flight Recorder collectives, an OOM's CUDA memory."""
+        if "device_fault.json" in files:
+            add_to_bundle(files, self.memory_history.entries)
+        if collectives:
+            _flight_recorder_collectives(files)
+
     def _after_fork(self) -> None:
         """A forked child (a DataLoader worker) does not record: it lets go of the parent's recorder."""
         self._lock = threading.RLock()
+        self.memory_history.forget()
         if self.triggers is not None:
             self.triggers.detach()
             self.triggers = None

@@ -49,6 +49,9 @@ SECTIONS: dict[str, OptionTable] = {
                + ", ".join(f"{k}={v}" for k, v in _RING_DEFAULTS.items()) + "."),
         Option("hang_action", Choice(("dump", "abort")), "dump",
                "On a hang (op_timeout seconds without progress): dump and keep running, or dump and abort."),
+        Option("memory_history", Int(min=0, max=100_000), 0,
+               "CUDA only: keep the allocator's newest N events (allocations and frees with their Python stacks) and "
+               "put them in a CUDA out of memory's bundle as memory_snapshot.json; 0: off. A few µs per allocation."),
     ]),
     "profiler": OptionTable("profiler", [
         Option("enable", Bool(), False, "Turn the profiler on (as set_context(enable_profiling=True)): step, phase, "

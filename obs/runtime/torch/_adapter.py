@@ -33,15 +33,29 @@ MODULE_EVENTS = (Event.MODULE_ENTER, Event.MODULE_EXIT)
 
 
 def memory_stats() -> dict[str, Any]:
-    """CUDA allocator statistics on GPU, process RSS (bytes) on CPU."""
+    """CUDA allocator statistics where CUDA is in use, else the process's RSS (bytes).
+
+    The device is ``set_context``'s, or CUDA's current device when that is CPU (the default) and the process uses
+    CUDA.  Peaks are since the previous reading (one per step end): the allocator's peak counters are reset after
+    each reading, without a device sync, so ``torch.cuda.max_memory_allocated()`` gives the peak since the last
+    step end too.
+    """
     from obs.runtime.torch._device import device
 
     dev = device()
-    if dev.type == "cuda" and torch.cuda.is_initialized():
-        stats = torch.cuda.memory_stats(dev)
-        keep = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
-                "reserved_bytes.all.peak", "num_alloc_retries", "num_ooms")
-        return {"device": str(dev), **{k: stats.get(k, 0) for k in keep}}
+    if dev.type in ("cuda", "cpu") and torch.cuda.is_initialized():
+        if dev.type == "cpu":
+            dev = torch.device("cuda", torch.cuda.current_device())
+        # The nested dict: flattening all of memory_stats()'s few hundred keys in Python costs more than the read.
+        stats = torch.cuda.memory_stats_as_nested_dict(dev)
+        allocated = stats.get("allocated_bytes", {}).get("all", {})
+        reserved = stats.get("reserved_bytes", {}).get("all", {})
+        torch.cuda.reset_peak_memory_stats(dev)  # host-side counters under the allocator's lock: no sync
+        return {"device": str(dev), "allocated_bytes.all.current": allocated.get("current", 0),
+                "allocated_bytes.all.peak": allocated.get("peak", 0),
+                "reserved_bytes.all.current": reserved.get("current", 0),
+                "reserved_bytes.all.peak": reserved.get("peak", 0),
+                "num_alloc_retries": stats.get("num_alloc_retries", 0), "num_ooms": stats.get("num_ooms", 0)}
     pages = os.pread(_statm(), 128, 0).split()
     return {"device": "cpu", "rss_bytes": int(pages[1]) * _PAGE, "vms_bytes": int(pages[0]) * _PAGE}
 

@@ -26,7 +26,7 @@ def test_full_file_is_read(tmp_path):
     assert config.pop("dump") == {"common_dump_settings": {}, "e2e_dump_settings": {}}
     assert config.pop("graphs") == {"save_graphs": 0, "save_graphs_path": ""}
     assert config == {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path), "granularity": "module",
-                              "capacity": {}, "hang_action": "dump"},
+                              "capacity": {}, "hang_action": "dump", "memory_history": 0},
                       "sys": {"mem_reuse": False}}
 
 
@@ -84,7 +84,7 @@ def test_env_config_path_is_stored_as_real_path(tmp_path, monkeypatch):
 
 def test_resolve_without_file_gives_defaults():
     assert resolve(None, {}).as_dict() == {"rdr": {"enable": False, "mode": 1, "path": "", "granularity": "module",
-                                                   "capacity": {}, "hang_action": "dump"},
+                                                   "capacity": {}, "hang_action": "dump", "memory_history": 0},
                                            "profiler": {"enable": False, "options": "training_trace", "output": "",
                                                         "endpoint": "", "protocol": "", "steps": "", "span_budget": 50,
                                                         "module_depth": 3, "max_file_mb": 100, "window": {},

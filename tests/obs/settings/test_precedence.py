@@ -10,7 +10,7 @@ from obs.settings.env_config import parse_text, resolve
 def test_environment_beats_defaults():
     cfg = resolve(None, {"MS_RDR_ENABLE": "1", "MS_RDR_MODE": "2", "MS_RDR_PATH": "/var/rdr"})
     assert cfg.values["rdr"] == {"enable": True, "mode": 2, "path": "/var/rdr", "granularity": "module",
-                                 "capacity": {}, "hang_action": "dump"}
+                                 "capacity": {}, "hang_action": "dump", "memory_history": 0}
     assert cfg.origins["rdr"]["mode"] == "env MS_RDR_MODE"
 
 
@@ -20,7 +20,8 @@ def test_file_beats_environment():
     assert cfg.values["rdr"]["enable"] is False and cfg.values["rdr"]["mode"] == 2
     assert cfg.values["rdr"]["path"] == "/file/rdr"
     assert cfg.origins["rdr"] == {"enable": "file", "mode": "env MS_RDR_MODE", "path": "file",
-                                  "granularity": "default", "capacity": "default", "hang_action": "default"}
+                                  "granularity": "default", "capacity": "default", "hang_action": "default",
+                                  "memory_history": "default"}
 
 
 def test_keys_absent_everywhere_keep_defaults():
