@@ -8,7 +8,8 @@ the ring holds.
 
 :class:`StepAssembler` turns slots into :class:`exporters.spans.StepRecord` objects: a step is
 finished when the next one begins, when nothing was written for ``settle_ns`` after its end, or at
-the final drain (a trainer that died mid-step gives an incomplete last step).
+the final drain (a trainer that died mid-step gives an incomplete last step).  A step the trainer timed
+on the device then waits (bounded) for its device times (:mod:`exporters.device_join`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from exporters.device_join import DeviceJoin
 from exporters.spans import ModuleCall, OpCall, Phase, StepRecord
 from obs._core import safe_files
-from recorder.layout import PHASE_NAMES, STRINGS_USED_AT, Header, Kind
+from recorder.layout import PHASE_NAMES, STEP_TIMED, STRINGS_USED_AT, Header, Kind
 from recorder.ring_reader import SLOT_DTYPE, read_blobs, read_strings, region_slots
 
 __all__ = ["PHASE_NAMES", "RingFollower", "StepAssembler"]
@@ -102,13 +104,16 @@ class RingFollower:
 class StepAssembler:
     """Slots in, finished :class:`StepRecord` objects out (wall-clock ns)."""
 
-    def __init__(self, follower: RingFollower, *, settle_ns: int = 300_000_000) -> None:
+    def __init__(self, follower: RingFollower, *, settle_ns: int = 300_000_000, device_wait_ns: int = 2_000_000_000,
+                 kernel_wait_ns: int = 10_000_000_000) -> None:
         self.f = follower
         self.settle_ns = settle_ns
         self.current: StepRecord | None = None
         self.ended = False
-        self._open: list[tuple[int, int]] = []  # module enters: (scope id, t)
+        self._open: list[tuple[int, int, int]] = []  # module enters: (scope id, t, seq)
         self.last_t = 0
+        #: device times joined to the steps they time (steps timed on the device wait for them here)
+        self.device = DeviceJoin(follower.string, wait_ns=device_wait_ns, kernel_wait_ns=kernel_wait_ns)
 
     def feed(self, slots: np.ndarray) -> list[StepRecord]:
         """Steps finished by these slots."""
@@ -116,49 +121,57 @@ class StepAssembler:
         if not len(slots):
             return done
         wall = self.f.wall(slots["t"].astype(np.int64))
-        kinds, a, b, c, d, flags = (slots[k].tolist() for k in ("kind", "a", "b", "c", "d", "flags"))
+        kinds, a, b, c, d, flags, seqs = (slots[k].tolist() for k in ("kind", "a", "b", "c", "d", "flags", "seq"))
         offset = self.f.header.wall_ns - self.f.header.mono_ns
-        for kind, ai, bi, ci, di, fl, t in zip(kinds, a, b, c, d, flags, wall.tolist()):
+        for kind, ai, bi, ci, di, fl, t, seq in zip(kinds, a, b, c, d, flags, wall.tolist(), seqs):
             self.last_t = t
             if kind == Kind.STEP_BEGIN:
                 if self.current is not None:
-                    done.append(self._finish(complete=self.ended))
-                self.current, self.ended = StepRecord(bi, t, t), False
+                    done += self._finish(complete=self.ended)
+                self.current, self.ended = StepRecord(bi, t, t, timed=bool(fl & STEP_TIMED)), False
                 self._open = []
+            elif kind == Kind.DEVICE_TIME:  # comes after its step (may be finished by now): joined by seq or step
+                self.device.device(fl, ai, bi, ci, di)
+            elif kind == Kind.MEMORY_PEAK:
+                self.device.memory(self.f.string(ai), bi, ci, di)
             elif self.current is None:
                 continue  # before the first step began (or between a lost begin and the next)
             elif kind == Kind.STEP_END:
                 self.current.end_ns, self.ended = t, True
             elif kind == Kind.PHASE:
                 name = PHASE_NAMES[ai] if 0 <= ai < len(PHASE_NAMES) else f"phase_{ai}"
-                self.current.phases.append(Phase(name, ci + offset, di + offset))
+                self.current.phases.append(Phase(name, ci + offset, di + offset, seq))
             elif kind == Kind.MODULE_ENTER:
-                self._open.append((ai, t))
+                self._open.append((ai, t, seq))
             elif kind == Kind.MODULE_EXIT:
                 for i in range(len(self._open) - 1, -1, -1):
                     if self._open[i][0] == ai:
-                        _, began = self._open.pop(i)
-                        self.current.modules.append(ModuleCall(self.f.string(ai), began, t, bool(fl & 1), i + 1))
+                        _, began, entered = self._open.pop(i)
+                        self.current.modules.append(ModuleCall(self.f.string(ai), began, t, bool(fl & 1), i + 1,
+                                                               entered))
                         break
             elif kind == Kind.OP:
                 self.current.ops.append(OpCall(self.f.string(ai), self.f.string(bi), t - ci, t, bool(fl & 1)))
-        return done
+        return done + self.device.release(self.last_t)  # device times just read may let held steps go
 
     def idle(self, now_wall_ns: int) -> list[StepRecord]:
         """A step that ended and was followed by nothing for ``settle_ns``: finished."""
         if self.current is not None and self.ended and now_wall_ns - self.last_t >= self.settle_ns:
-            return [self._finish(complete=True)]
-        return []
+            return self._finish(complete=True, now_ns=now_wall_ns)
+        return self.device.release(now_wall_ns)
 
     def drain(self) -> list[StepRecord]:
-        """The writer is gone: whatever step is open is finished (incomplete if it never ended)."""
-        return [self._finish(complete=self.ended)] if self.current is not None else []
+        """The writer is gone: whatever step is open is finished (incomplete if it never ended), and every step
+        waiting for device times goes with what it has."""
+        done = self._finish(complete=self.ended) if self.current is not None else []
+        return done + self.device.release(self.last_t, final=True)
 
-    def _finish(self, *, complete: bool) -> StepRecord:
+    def _finish(self, *, complete: bool, now_ns: int | None = None) -> list[StepRecord]:
+        """The current step is finished: it and every step before it that may go now (see ``device``)."""
         record, self.current = self.current, None
         assert record is not None
         if not complete:
             record.complete = False
             record.end_ns = max([record.end_ns, self.last_t] + [p.end_ns for p in record.phases])
         self.ended = False
-        return record
+        return self.device.finish(record, self.last_t if now_ns is None else now_ns)

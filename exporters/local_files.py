@@ -9,6 +9,11 @@ exporter ends, which both viewers accept (a killed exporter leaves a readable fi
 are µs since the file's ``obs.trace_start`` event (wall-clock ns), written exactly: epoch µs as floats
 are only good to 0.25 µs, enough for a child to end after its parent.  A full disk cuts a file back to
 its last whole record and counts the spans it could not write.
+
+Tracks, per rank (``pid``): the host's spans on ``tid`` 1; what the device ran on ``tid`` 2, "GPU (CUDA
+events)": the device time of each span that has one (its ``obs.device.*`` attributes, ``cat`` gpu) and the
+collective spans; the kernel spans of op_trace windows on ``tid`` 3, "GPU kernels (CUPTI)".  A track's name is
+written with its first event in each file.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Any
 from exporters.spans import Span
 from obs._core import safe_files
 
-__all__ = ["ORIGIN_EVENT", "ChromeTraceWriter", "OtlpJsonWriter", "RotatingFile", "chrome_events"]
+__all__ = ["GPU_TID", "KERNEL_TID", "ORIGIN_EVENT", "ChromeTraceWriter", "OtlpJsonWriter", "RotatingFile",
+           "chrome_events"]
 
 
 class RotatingFile:
@@ -133,8 +139,21 @@ def _event(head: dict[str, Any], ts_ns: int, dur_ns: int | None, tail: dict[str,
     return f"{_dumps(head)[:-1]},{times},{_dumps(tail)[1:]}"
 
 
+#: the tracks of what the device ran: CUDA events (spans' device time, collectives), CUPTI's kernels
+GPU_TID, KERNEL_TID = 2, 3
+_TRACKS = {GPU_TID: "GPU (CUDA events)", KERNEL_TID: "GPU kernels (CUPTI)"}
+_ON_DEVICE = {"collective": GPU_TID, "kernel": KERNEL_TID}  # span kinds timed on the device only
+
+
+def _tids(spans: Sequence[Span]) -> set[int]:
+    """The device tracks ``spans`` put events on."""
+    return {_ON_DEVICE.get(s.kind, GPU_TID) for s in spans
+            if s.kind in _ON_DEVICE or "obs.device.start_ns" in s.attributes}
+
+
 def chrome_events(spans: Sequence[Span], pid: int, *, origin_ns: int) -> list[str]:
-    """Complete ("X") events of ``spans`` on one track per rank, ids and attributes in ``args``, as JSON text.
+    """Complete ("X") events of ``spans``, ids and attributes in ``args``, as JSON text: the host's spans on ``tid``
+    1, each with its device time (if any) again on the GPU track; collective and kernel spans on theirs.
 
     ``ts`` is the span's start in µs since ``origin_ns`` and ``dur`` its duration, both exact to the ns, so
     ``ts + dur`` is the end as recorded: a child that ends with its parent ends with it in the file too."""
@@ -146,8 +165,14 @@ def chrome_events(spans: Sequence[Span], pid: int, *, origin_ns: int) -> list[st
             args["parent_span_id"] = f"{s.parent_id:016x}"
         if s.error:
             args["error"] = True
+        tid = _ON_DEVICE.get(s.kind, 1)
         out.append(_event({"name": s.name, "cat": s.kind, "ph": "X"}, s.start_ns - origin_ns, s.duration_ns,
-                          {"pid": pid, "tid": 1, "args": args}))
+                          {"pid": pid, "tid": tid, "args": args}))
+        device_start = s.attributes.get("obs.device.start_ns")
+        if tid == 1 and device_start is not None:
+            duration = int(s.attributes.get("obs.device.time_ns", 0))
+            out.append(_event({"name": s.name, "cat": "gpu", "ph": "X"}, int(device_start) - origin_ns, duration,
+                              {"pid": pid, "tid": GPU_TID, "args": {"kind": s.kind, "span_id": args["span_id"]}}))
     return out
 
 
@@ -161,6 +186,7 @@ class ChromeTraceWriter:
     def __init__(self, folder: str, max_bytes: int, *, rank: int, pid: int) -> None:
         self.rank = rank
         self.origin_ns: int | None = None  #: what the live file's ``ts`` values count from, once it has one
+        self._named: set[int] = set()  # device tracks named in the live file
         meta = [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
                  "args": {"name": f"obs rank {rank} (pid {pid})"}},
                 {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
@@ -173,6 +199,7 @@ class ChromeTraceWriter:
         origin, events = self.origin_ns, []
         if origin is None:
             origin = first_ns
+            self._named = set()
             events.append(_dumps({"ph": "M", "name": ORIGIN_EVENT, "pid": self.rank, "tid": 0,
                                   "args": {"unix_ns": origin}}))
         events += encode(origin)
@@ -180,9 +207,20 @@ class ChromeTraceWriter:
         self.origin_ns = origin if self.file.records else None  # None: it rotated, the next file gets its own
 
     def write(self, spans: Sequence[Span]) -> None:
-        if spans:
-            self._append(min(s.start_ns for s in spans), lambda origin: chrome_events(spans, self.rank,
-                                                                                      origin_ns=origin))
+        if not spans:
+            return
+        tracks = _tids(spans)
+        named: list[int] = []
+
+        def encode(origin: int) -> list[str]:
+            named[:] = sorted(tracks - self._named)  # after _append reset them for a new file
+            return [_dumps({"ph": "M", "name": "thread_name", "pid": self.rank, "tid": tid,
+                            "args": {"name": _TRACKS[tid]}}) for tid in named] + \
+                chrome_events(spans, self.rank, origin_ns=origin)
+
+        self._append(min(s.start_ns for s in spans), encode)
+        if self.origin_ns is not None:  # written, and the file did not rotate
+            self._named.update(named)
 
     def counter(self, name: str, t_ns: int, value: int) -> None:
         """A counter track (dropped spans over time)."""

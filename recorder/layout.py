@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "MAX_RING_BYTES", "PHASE_CODES",
-           "PHASE_NAMES", "RINGS", "SCALAR_SLOT", "SLOT", "STRINGS_USED_AT", "VERSION", "Header", "Kind", "Region",
-           "check_capacity", "plan"]
+__all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "MAX_RING_BYTES",
+           "OPTIONAL_RINGS", "PHASE_CODES", "PHASE_NAMES", "RINGS", "SCALAR_SLOT", "SLOT", "STEP_TIMED",
+           "STRINGS_USED_AT", "VERSION", "DeviceTarget", "Header", "Kind", "Region", "check_capacity", "plan"]
 
 MAGIC = b"OBSRING\x01"
 VERSION = 1
@@ -64,6 +64,8 @@ class Kind(enum.IntEnum):
     COLLECTIVE = 7
     PHASE = 8  # a phase of a step (data, forward, backward, optimizer) ended: written by the profiler's ring
     SCALAR = 9  # obs.scalar(name, value), in the profiler's ring: a name id, b step, d the value (SCALAR_SLOT)
+    DEVICE_TIME = 10  # time on the device (CUDA events, CUPTI), in the profiler's ring: flags a DeviceTarget
+    MEMORY_PEAK = 11  # the device's peak memory in a step, in the profiler's ring: c allocated, d reserved
     PRINT = 20
     FAULT = 21
     SETTINGS = 22
@@ -71,17 +73,38 @@ class Kind(enum.IntEnum):
     MARKER = 24
 
 
+class DeviceTarget(enum.IntEnum):
+    """What a DEVICE_TIME slot times: its ``flags`` (the meaning of a, b, c, d per target is in ``recorder.ring``)."""
+
+    STEP = 1
+    PHASE = 2
+    MODULE = 3
+    COLLECTIVE = 4
+    KERNEL = 5
+    KERNELS_BEGIN = 6  # a kernel capture began with step b: kernel slots for its steps follow
+    KERNELS_END = 7  # the kernel capture that began at step c wrote its last kernel slot (its last step b)
+
+
+#: A STEP_BEGIN slot's ``flags`` bit 0 (profiler's ring): the step is timed on the device, a DEVICE_TIME slot of
+#: target STEP follows for it (after the step's other DEVICE_TIME slots).
+STEP_TIMED = 1
+
 #: ring name → the kinds it holds; blobs hold the kinds >= 20
 RINGS: dict[str, tuple[Kind, ...]] = {
     "step": (Kind.STEP_BEGIN, Kind.STEP_END, Kind.PHASE, Kind.SCALAR),
     "module": (Kind.MODULE_ENTER, Kind.MODULE_EXIT),
     "op": (Kind.OP,),
-    "memory": (Kind.MEMORY,),
+    "memory": (Kind.MEMORY, Kind.MEMORY_PEAK),
     "collective": (Kind.COLLECTIVE,),
+    "device": (Kind.DEVICE_TIME,),
 }
 
 #: slots per ring, and blob slots ("blob": prints, faults, settings changes, graphs, markers)
 DEFAULT_CAPACITY = {"step": 4096, "module": 65536, "op": 65536, "memory": 4096, "collective": 8192, "blob": 1024}
+
+#: rings a file has only where its writer asks for them (the profiler's ``device`` ring): not in DEFAULT_CAPACITY,
+#: so the recorder's rings and its ``rdr.capacity`` keys stay as they were
+OPTIONAL_RINGS = frozenset({"device"})
 
 #: The largest ring file obs creates.  The whole file is reserved on disk (posix_fallocate) and mapped
 #: with MAP_POPULATE, so every byte costs page cache (and resident memory) per rank for the whole run,
@@ -211,7 +234,7 @@ def check_capacity(capacity: Mapping[str, Any]) -> int:
     full = {**DEFAULT_CAPACITY}
     for key, value in capacity.items():
         option = f"capacity.{key}"
-        if key not in DEFAULT_CAPACITY:
+        if key not in DEFAULT_CAPACITY and key not in OPTIONAL_RINGS:
             raise ObsConfigError(f"rdr {option}: unknown ring (expected one of {', '.join(DEFAULT_CAPACITY)})",
                                  option=option, value=value)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -238,13 +261,16 @@ def _size(n: int) -> str:
 
 
 def plan(capacity: dict[str, int]) -> tuple[Region, Region, tuple[Region, ...], int]:
-    """Offsets of the string table, the blob ring and each event ring; and the file size."""
+    """Offsets of the string table, the blob ring and each event ring; and the file size.  An optional ring is
+    laid out only where ``capacity`` names it."""
     strings = Region("strings", HEADER_SIZE, STRINGS_SIZE)
     at = strings.offset + strings.capacity
     blobs = Region("blobs", at, capacity["blob"])
     at += capacity["blob"] * BLOB_SIZE
     rings = []
     for name in RINGS:
+        if name in OPTIONAL_RINGS and name not in capacity:
+            continue
         rings.append(Region(name, at, capacity[name]))
         at += capacity[name] * SLOT.size
     return strings, blobs, tuple(rings), at

@@ -13,9 +13,30 @@ OP              name id    scope id  duration_ns  inputs id (shapes, dtypes, dev
 MEMORY          device id  step      bytes used   bytes reserved (CUDA) / virtual (CPU)
 COLLECTIVE      desc id    seq       duration_ns  state (0 scheduled, 1 started, 2 completed)
 PHASE           phase      step      begin t_ns   end t_ns (phase: 0 data, 1 forward, 2 backward, 3 optimizer)
+MEMORY_PEAK     device id  step      peak bytes   peak bytes reserved (CUDA: the step's peaks, allocated in c)
+DEVICE_TIME     see below  see below see below    see below (``flags``: a ``layout.DeviceTarget``)
 ==============  =========  ========  ===========  =============
 
-``flags`` bit 0 marks a module or op that raised.
+``flags`` bit 0 marks a module or op that raised; on a STEP_BEGIN of the profiler's ring it says the step is timed
+on the device (``layout.STEP_TIMED``).
+
+DEVICE_TIME slots (the profiler's ``device`` ring) are written off the training thread once the device has run
+what they time; times are ns measured by the device, -1 where one could not be measured.  ``ref`` is the CUDA event
+recorded at the step's begin:
+
+=============  ==============  ===========================  =================================  ===============
+target         a               b                            c                                  d
+=============  ==============  ===========================  =================================  ===============
+STEP           pairs skipped   step                         ref - the previous step's ref      end - ref
+PHASE          phase           the PHASE slot's seq         start - ref (start: the mark       end - start
+                                                            before: ref or the phase before)
+MODULE         scope id        the MODULE_ENTER slot's seq  start - ref                        end - start
+COLLECTIVE     op name id      step                         start - ref                        end - start
+KERNEL         name id         step (of its launch)         start, wall-clock ns (CUPTI)       duration
+KERNELS_BEGIN  -               the capture's first step     -                                  -
+KERNELS_END    kernels left    the capture's last step      the capture's first step           kernels written
+               out                                                                             (-1: it failed)
+=============  ==============  ===========================  =================================  ===============
 
 Strings (scopes, op names, signatures) are interned once into the file's string table, so the
 reader can name everything after the writer is gone.  Threads append concurrently: ``next()``

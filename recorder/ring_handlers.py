@@ -8,14 +8,15 @@ module call or per aten op.  ``state.step`` is the step the Python module handle
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from obs._core.events import Event, Subscription, bus
 from recorder.hotpath import hotpath
-from recorder.layout import Kind
+from recorder.layout import DeviceTarget, Kind
 from recorder.ring import RingWriter
 
-__all__ = ["RingSubscriptions", "describe_args", "module_handlers", "op_handler"]
+__all__ = ["RingSubscriptions", "describe_args", "module_handlers", "op_handler", "timed_module_handlers"]
 
 
 def _slot_args(ring: RingWriter, name: str) -> tuple[Any, ...]:
@@ -48,6 +49,48 @@ def module_handlers(ring: RingWriter, hot: Any, state: Any) -> tuple[Any, Any, A
              state.step, 0, 0)
 
     return on_enter, on_exit, None
+
+
+def timed_module_handlers(ring: RingWriter, state: Any, timer: Any, depth: int) -> tuple[Any, Any]:
+    """``(on_enter, on_exit)`` writing MODULE_ENTER / MODULE_EXIT slots as :func:`module_handlers`' Python pair does,
+    each call down to ``depth`` also timed on the device by ``timer`` (``obs.runtime.device_time.DeviceTimer``): its
+    pair is keyed by the seq of its MODULE_ENTER slot, which only a writer of that slot knows (a DEVICE_TIME slot of
+    target MODULE)."""
+    from obs._core.internal import SUPPRESSION
+
+    pack, mm, base, cap, size, counter, seq, clock = ring.slots("module")
+    ids, intern = ring.ids, ring.intern
+    enter_kind, exit_kind, target = int(Kind.MODULE_ENTER), int(Kind.MODULE_EXIT), int(DeviceTarget.MODULE)
+    begin, end = timer.begin, timer.end
+    local = threading.local()  # per thread: (start event, enter seq) of each open call, innermost last
+
+    def on_enter(scope: str, module: Any) -> None:
+        sid = ids.get(scope)
+        if sid is None:
+            sid = intern(scope)
+        idx, number = next(counter), next(seq)
+        pack(mm, base + (idx % cap) * size, number, idx + 1, clock(), enter_kind, 0, sid, state.step, 0, 0)
+        try:
+            calls = local.calls
+        except AttributeError:
+            calls = local.calls = []
+        # the wrapper pushed this call's scope before calling us: the stack's length is its depth
+        calls.append((begin() if len(SUPPRESSION.stack) <= depth else None, number, sid))
+
+    def on_exit(scope: str, module: Any, error: Any) -> None:
+        sid = ids.get(scope)
+        if sid is None:
+            sid = intern(scope)
+        idx = next(counter)
+        pack(mm, base + (idx % cap) * size, next(seq), idx + 1, clock(), exit_kind, error is not None, sid,
+             state.step, 0, 0)
+        calls = getattr(local, "calls", None)
+        if calls:
+            start, number, entered = calls.pop()
+            if start is not None:
+                end(start, target, entered, number)
+
+    return on_enter, on_exit
 
 
 def op_handler(ring: RingWriter, hot: Any) -> tuple[Any, Any]:
@@ -129,8 +172,14 @@ class RingSubscriptions:
 
     # The module and op handlers write their slot inline, through the C hot path when it is built; the
     # Python ones are the fallback and the reference.
-    def modules(self, state: Any) -> None:
-        """MODULE_ENTER / MODULE_EXIT into the ring's ``module`` slots."""
+    def modules(self, state: Any, *, timer: Any = None, depth: int = 0) -> None:
+        """MODULE_ENTER / MODULE_EXIT into the ring's ``module`` slots; with a device ``timer``, calls down to
+        ``depth`` timed on the device too (the Python handlers: the C ones do not time)."""
+        if timer is not None:
+            enter, exit_ = timed_module_handlers(self.ring, state, timer, depth)
+            self.add(Event.MODULE_ENTER, enter)
+            self.add(Event.MODULE_EXIT, exit_)
+            return
         enter, exit_, writer = module_handlers(self.ring, hotpath(), state)
         self.module_writer = writer
         if writer is not None:

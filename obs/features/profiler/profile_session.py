@@ -16,6 +16,10 @@ Capture windows (:mod:`obs.features.profiler.window`): the session subscribes mo
 steps a window covers, switched at step boundaries on the training thread; its own request watcher on
 ``{output}/requests/`` answers ``obs trace capture``.
 
+Device time (:mod:`obs.features.profiler.device_time`): once CUDA is in use, steps, phases, modules and blocking
+collectives are also timed with CUDA events (DEVICE_TIME slots, written by a poller thread), each step's memory peaks
+are written (MEMORY_PEAK), and ``op_trace`` windows capture their kernels.
+
 Files: ``{output}/rank_{r}/profile_{pid}_{n}.obsring`` while it runs (removed by the exporter), the
 trace files and ``status_{pid}.json`` (counts, drops, the summary) written by the exporter.
 """
@@ -34,11 +38,11 @@ from typing import Any
 
 from obs._core import outputs, safe_files
 from obs._core.events import Event
-from obs.features.profiler import scalars
+from obs.features.profiler import device_time, scalars
 from obs.features.profiler.window import CAPTURE, Windows
 from obs.settings.profiler_options import LEVELS, CaptureWindow, ProfileRequest
 from recorder.collective_desc import COLLECTIVE_STATES
-from recorder.layout import PHASE_CODES, Kind
+from recorder.layout import PHASE_CODES, STEP_TIMED, Kind
 from recorder.requests import RequestWatcher
 from recorder.ring_handlers import RingSubscriptions
 
@@ -47,15 +51,20 @@ __all__ = ["ProfileSession"]
 logger = logging.getLogger("obs")
 
 _EXIT_WAIT_S = 15.0
+#: at close, the device times still being run wait this long at most (the device's backlog: a step or two)
+_DEVICE_DRAIN_S = 0.5
 _fallback_said = False
 
 
-def _capacity(levels: tuple[str, ...], metrics: bool = False) -> dict[str, int]:
+def _capacity(levels: tuple[str, ...], metrics: bool = False, device: bool = False) -> dict[str, int]:
     # Module and op slots are always there: a capture window can ask for them at any step (7 MiB of module and
-    # 3.5 MiB of op slots reserved when the base level records neither).
-    return {"step": 65536 if metrics else 16384, "module": 131072,
-            "op": 262144 if "op_trace" in levels else 65536, "memory": 4096 if metrics else 16,
-            "collective": 16384 if metrics else 16, "blob": 16}
+    # 3.5 MiB of op slots reserved when the base level records neither).  Device slots where CUDA may be used.
+    capacity = {"step": 65536 if metrics else 16384, "module": 131072,
+                "op": 262144 if "op_trace" in levels else 65536, "memory": 4096 if metrics or device else 16,
+                "collective": 16384 if metrics else 16, "blob": 16}
+    if device:
+        capacity["device"] = device_time.DEVICE_SLOTS
+    return capacity
 
 
 class ProfileSession:
@@ -76,12 +85,17 @@ class ProfileSession:
         self.identity_known = False  #: set_identity() ran (or the launcher told rank and run id up front)
         safe_files.ensure_dir(self.folder)
         self.ring_path = os.path.join(self.folder, f"profile_{self.pid}_{ProfileSession._serial}.obsring")
-        self.ring = RingWriter(self.ring_path, _capacity(request.levels, bool(request.metrics)), pid=self.pid,
+        cuda = device_time.cuda_build()
+        self.ring = RingWriter(self.ring_path, _capacity(request.levels, bool(request.metrics), cuda), pid=self.pid,
                                rank=rank, world_size=world_size,
                                meta={"run_id": run_id, "host": socket.gethostname(), "versions": versions,
                                      "profile": list(request.levels), "argv": sys.argv[:4]})
         self.status_path = os.path.join(self.folder, f"status_{self.pid}.json")
         self._subs = RingSubscriptions(self.ring)
+        self._modules = RingSubscriptions(self.ring)  # the base level's module subscription
+        #: device time (CUDA events) while CUDA is in use; replaced at each (re)subscription
+        self.device = device_time.DeviceRecording(self.ring, watch=False)
+        self._cuda = cuda
         #: capture windows (the env config's, obs trace capture's): detail for their steps only
         self.windows = Windows(request.window)
         self._detail = RingSubscriptions(self.ring)  # a window's module / op subscriptions, beyond the base level
@@ -117,7 +131,9 @@ class ProfileSession:
         from obs.runtime.steps import tracker
 
         step_ring = self.ring.appender("step")
+        pack, mm, base, cap, size, counter, seqs, clock = self.ring.slots("step")
         begin, end, phase = int(Kind.STEP_BEGIN), int(Kind.STEP_END), int(Kind.PHASE)
+        self.device = dev = device_time.DeviceRecording(self.ring, watch=self._cuda)
         subs, detail, me, writer = self._subs, self._detail, self, self.scalars
 
         def on_step_begin(number: int) -> None:
@@ -125,28 +141,50 @@ class ProfileSession:
             subs.step_begins(number)
             if detail.writers:
                 detail.step_begins(number)
-            step_ring(begin, 0, 0, number, 0, 0)
+            timer = dev.timer
+            if timer is None:
+                step_ring(begin, 0, 0, number, 0, 0)
+                return
+            step_ring(begin, STEP_TIMED, 0, number, 0, 0)
+            timer.step_begins(number)  # after the slot: the device reaches the reference after the host wrote it
+            if dev.kernels is not None:
+                dev.kernels_step(number)
 
         def on_step_end(number: int, duration_ns: int) -> None:
             step_ring(end, 0, 0, number, duration_ns, 0)
+            timer = dev.timer
+            if timer is not None:
+                timer.step_ends(number)
             if writer is not None and writer.pending:
                 writer.drain()  # device copies of obs.scalar values that are done by now
 
         def on_phase(name: str, begin_ns: int, end_ns: int) -> None:
-            step_ring(phase, 0, PHASE_CODES.get(name, 9), tracker.step, begin_ns, end_ns)
+            # Written inline (not through an appender) for its seq: the phase's device time is keyed by it.
+            code = PHASE_CODES.get(name, 9)
+            idx, number = next(counter), next(seqs)
+            pack(mm, base + (idx % cap) * size, number, idx + 1, clock(), phase, 0, code, tracker.step, begin_ns,
+                 end_ns)
+            timer = dev.timer
+            if timer is not None and code:  # the data phase runs no device work of the step
+                timer.mark(code, number)
 
         subs.add(Event.STEP_BEGIN, on_step_begin)
         subs.add(Event.STEP_END, on_step_end)
         subs.add(Event.PHASE, on_phase)
-        if "task_trace" in self.request.levels or "op_trace" in self.request.levels:
-            subs.modules(self)  # op_trace names each op's module
+        self._subscribe_modules()
         if "op_trace" in self.request.levels:
             subs.ops(native=False)  # the native observer serves one ring at a time: the recorder's
         if writer is not None:
             self._subscribe_metrics()
             scalars.attach(writer)
         tracker.at_boundary = tracker.at_boundary + (self.at_boundary,)
-        self._set_detail(self.windows.level(_current_step()))
+        self._set_detail(self.windows.level(_current_step()), _current_step())
+
+    def _subscribe_modules(self) -> None:
+        """The base level's module events (op_trace names each op's module), timed on the device once it is."""
+        self._modules.close()
+        if "task_trace" in self.request.levels or "op_trace" in self.request.levels:
+            self._modules.modules(self, timer=self.device.timer, depth=self.request.module_depth)
 
     # -- capture windows ------------------------------------------------------------------------
     def at_boundary(self) -> None:
@@ -157,28 +195,43 @@ class ProfileSession:
         following = tracker.step + 1
         if self.windows.pending:
             self.windows.place(following)
-        self._set_detail(self.windows.level(following))
+        dev = self.device
+        if dev.watch:
+            if dev.timer is None:
+                if dev.ready():
+                    dev.activate()
+                    self._subscribe_modules()  # the module handlers that time
+                    self.detail = "-"  # and the window's, below
+            else:
+                dev.poll()
+        self._set_detail(self.windows.level(following), following)
 
     def configure_window(self, window: CaptureWindow | None) -> None:
         """The env config's window changed (a hot reload, applied at a step boundary): no new session."""
         self.windows.configure(window)
         if self._subs:
-            self._set_detail(self.windows.level(_current_step()))
+            self._set_detail(self.windows.level(_current_step()), _current_step())
 
-    def _set_detail(self, level: str | None) -> None:
-        """Subscribe what ``level`` adds to the base level: module events (task_trace, op_trace), op events
-        (op_trace); None drops them, so the adapter publishes no module event and removes its op interceptor."""
-        if level == self.detail:
+    def _set_detail(self, level: str | None, step: int) -> None:
+        """Subscribe what ``level`` adds to the base level from ``step`` on: module events (task_trace, op_trace),
+        op events (op_trace); None drops them, so the adapter publishes no module event and removes its op
+        interceptor.  On the device an op_trace window also captures its kernels."""
+        was = self.detail
+        if level == was:
             return
         base = self.request.levels
         self._detail.close()
         self.detail = level
         if level is not None and "task_trace" not in base and "op_trace" not in base:
-            self._detail.modules(self)
+            self._detail.modules(self, timer=self.device.timer, depth=self.request.module_depth)
         if level == "op_trace" and "op_trace" not in base:
             self._detail.ops(native=False)  # the native observer serves one ring at a time: the recorder's
         if self._detail.writers:
             self._detail.step_begins(self.step)  # STEP_BEGIN stamps the next one
+        if was == "op_trace" and level != "op_trace":
+            self.device.kernels_finish(step - 1)
+        elif level == "op_trace" and was != "op_trace":
+            self.device.kernels_start(step)
 
     def _subscribe_metrics(self) -> None:
         """Memory at each step end and every finished collective, for the exporter's metrics."""
@@ -211,7 +264,7 @@ class ProfileSession:
         if not self._subs and not self.ring.closed:
             self._subscribe()
 
-    def _unsubscribe(self) -> None:
+    def _unsubscribe(self, wait_s: float = _DEVICE_DRAIN_S) -> None:
         from obs.runtime.steps import tracker
 
         tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.at_boundary)
@@ -219,7 +272,9 @@ class ProfileSession:
             scalars.detach(self.scalars)
         self._detail.close()
         self.detail = None
+        self._modules.close()
         self._subs.close()
+        self.device.close(wait_s)  # the poller writes what the device completes within wait_s
 
     # -- the exporter ---------------------------------------------------------------------------
     def _config(self) -> Any:
@@ -289,6 +344,7 @@ class ProfileSession:
         if self._requests is not None:
             self._requests.detach()
             self._requests = None
+        self.device.detach()
         self._unsubscribe()
         self.ring.abandon()
         process, self._process = self._process, None
@@ -303,7 +359,7 @@ class ProfileSession:
         """Stop recording, let the exporter drain the ring and end; the exporter's status (None if it did not
         end within ``wait_s``)."""
         self._stop_requests()
-        self._unsubscribe()
+        self._unsubscribe(_DEVICE_DRAIN_S)  # whatever wait_s: a session replaced mid-run keeps its last device times
         if not self.ring.closed:
             if self.scalars is not None and self.scalars.pending:
                 self.scalars.drain(wait=True)  # the last device copies of obs.scalar values

@@ -21,6 +21,12 @@ device (CUDA tensors: NCCL) the call returns, and the future completes, before t
 the collective, so there a blocking call is issued async and waited for as c10d would, and the
 work's completion (``is_completed``, from device events) is polled at the next collective and at
 each step boundary: a collective still running on the device stays ``started``.
+
+While the profiler times on the device (:data:`obs.runtime.device_time.current`), such a blocking call is timed
+with CUDA events on the caller's current stream: one recorded before the call, one after ``work.wait()`` (which
+makes that stream wait for the collective), so its device time runs from when the stream reached the call to when
+the collective was done there, waiting for the other ranks included.  An ``async_op=True`` call, and DDP's buckets,
+run on the backend's own stream until someone waits: they are not timed.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from torch.distributed import distributed_c10d as c10d
 
 from obs._core.events import Event, bus
 from obs._core.internal import report_internal_error
+from obs.runtime import device_time
+from obs.runtime.steps import tracker
+from recorder.layout import DeviceTarget
 
 __all__ = ["CollectiveHooks", "OPS"]
 
@@ -46,6 +55,7 @@ OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tenso
        "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "gather", "scatter", "send", "recv",
        "isend", "irecv")
 _P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+_COLLECTIVE = DeviceTarget.COLLECTIVE
 _ASYNC_ALWAYS = frozenset({"isend", "irecv"})
 
 
@@ -192,17 +202,26 @@ class CollectiveHooks:
             except Exception as exc:  # noqa: BLE001 - reported; the collective still runs
                 report_internal_error(f"collective {name}", exc)
                 return original(*args, **kwargs)
+            blocking = call_args is not args or call_kwargs is not kwargs  # issued async, waited for here
+            timer = device_time.current if blocking else None
+            began = timer.begin() if timer is not None else None
             start = time.perf_counter_ns()
             inside.depth = 1
             try:
                 result = original(*call_args, **call_kwargs)
                 if polled and result is not None and hasattr(result, "is_completed"):
                     self._pend(result, record, start)
-                    if call_args is not args or call_kwargs is not kwargs:  # the caller asked for a blocking call
+                    if blocking:  # the caller asked for a blocking call
                         result.wait()
                         result = None
+                        if timer is not None and began is not None:
+                            timer.end(began, _COLLECTIVE, name, tracker.step)
+                            began = None
                     return result
             except BaseException as exc:
+                if timer is not None and began is not None:
+                    timer.cancel(began)
+                    began = None
                 if polled:
                     self._pending[:] = [p for p in self._pending if p[1] is not record]
                 bus.emit(Event.COLLECTIVE, {**record, "state": "failed", "error": f"{type(exc).__name__}: {exc}",
@@ -210,6 +229,8 @@ class CollectiveHooks:
                 raise
             finally:
                 inside.depth = 0
+                if timer is not None and began is not None:  # no work to wait for: nothing to time
+                    timer.cancel(began)
             if not is_async or result is None:
                 bus.emit(Event.COLLECTIVE, {**record, "state": "completed",
                                             "duration_ns": time.perf_counter_ns() - start})
