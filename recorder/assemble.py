@@ -26,7 +26,7 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
     summary = contents.summary()
     files: dict[str, Any] = {
         "events.jsonl": contents.event_lines(),
-        "memory.jsonl": contents.event_lines((Kind.MEMORY,)),
+        "memory.jsonl": contents.event_lines((Kind.MEMORY, Kind.MEMORY_PEAK)),
         "collectives.jsonl": contents.event_lines((Kind.COLLECTIVE,)),
         collective_table.FILE: collective_table.CollectiveTable.from_contents(contents).encode(),  # read by analyze
         # what `obs rdr analyze` reads besides the collectives, without parsing every event

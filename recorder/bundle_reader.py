@@ -25,8 +25,8 @@ __all__ = ["EVENT_KINDS", "Bundle", "BundleInfo", "Listing", "Selection", "find_
            "parse_json"]
 
 #: every kind of event a bundle's events.jsonl holds
-EVENT_KINDS = ("step_begin", "step_end", "phase", "module_enter", "module_exit", "op", "memory", "collective", "print",
-               "fault", "settings", "graph", "marker")
+EVENT_KINDS = ("step_begin", "step_end", "phase", "module_enter", "module_exit", "op", "memory", "memory_peak",
+               "collective", "print", "fault", "settings", "graph", "marker")
 
 #: errors that make one bundle or ring unreadable (listing reports them and goes on)
 BAD_FILE = (DamagedFileError, NotOurFileError, UnsafePathError, OSError)

@@ -160,7 +160,11 @@ class Recorder:
             def on_memory(number: int, stats: dict[str, Any]) -> None:
                 used = stats.get("allocated_bytes.all.current", stats.get("rss_bytes", 0))
                 other = stats.get("reserved_bytes.all.current", stats.get("vms_bytes", 0))
-                memory(Kind.MEMORY, 0, intern(str(stats.get("device", "?"))), number, int(used), int(other))
+                device = intern(str(stats.get("device", "?")))
+                memory(Kind.MEMORY, 0, device, number, int(used), int(other))
+                if "allocated_bytes.all.peak" in stats:  # CUDA: the step's peaks (the counters are reset per step)
+                    memory(Kind.MEMORY_PEAK, 0, device, number, int(stats["allocated_bytes.all.peak"]),
+                           int(stats.get("reserved_bytes.all.peak", 0)))
 
             def on_phase(name: str, begin_ns: int, end_ns: int) -> None:
                 step(Kind.PHASE, 0, PHASE_CODES.get(name, 9), self.step, begin_ns, end_ns)

@@ -161,6 +161,9 @@ def _format(kind: int, c: dict[str, list[Any]]) -> list[str]:
     if kind == Kind.MEMORY:
         return [f'{{"seq":{s},"t":{w},"kind":"memory","device":{n},"step":{st},"used_bytes":{u},"other_bytes":{o}}}'
                 for s, w, n, st, u, o in zip(seq, t, a, b, dur, d)]
+    if kind == Kind.MEMORY_PEAK:
+        return [f'{{"seq":{s},"t":{w},"kind":"memory_peak","device":{n},"step":{st},"peak_allocated_bytes":{u},'
+                f'"peak_reserved_bytes":{o}}}' for s, w, n, st, u, o in zip(seq, t, a, b, dur, d)]
     if kind == Kind.COLLECTIVE:
         return [f'{{"seq":{s},"t":{w},"kind":"collective","desc":{n},"group_seq":{g},"step":{st},"duration_ns":{du},'
                 f'"state":"{_STATES[x] if 0 <= x < len(_STATES) else x}"{_ERR[f & 1]}}}'

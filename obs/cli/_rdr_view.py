@@ -115,6 +115,9 @@ def _what(event: dict[str, Any]) -> str:
         return f"{clean(event.get('phase'))} {_num(took, 1e6, '.2f')} ms"
     if kind == "memory":
         return f"{clean(event.get('device'))}: {_num(event.get('used_bytes', 0), 2**20)} MiB used"
+    if kind == "memory_peak":
+        return (f"{clean(event.get('device'))}: peak {_num(event.get('peak_allocated_bytes', 0), 2**20)} MiB "
+                f"allocated, {_num(event.get('peak_reserved_bytes', 0), 2**20)} MiB reserved in the step")
     if kind == "collective":
         return f"{clean(event.get('desc'))} #{clean(event.get('group_seq'))} {clean(event.get('state'))}"
     if kind == "print":
@@ -271,8 +274,9 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
     events = b.events(last=last)
     if as_json:
         print_json({"bundle": b.info.path, "manifest": b.manifest, "exception": b.exception, "last_events": events,
-                    "memory": b.events({"memory"}, last=5), "stacks": b.stacks, "fatal_stacks": b.fatal_stacks,
-                    "graphs": b.graphs, "device_fault": asdict(b.device_fault) if b.device_fault else None})
+                    "memory": b.events({"memory", "memory_peak"}, last=10), "stacks": b.stacks,
+                    "fatal_stacks": b.fatal_stacks, "graphs": b.graphs,
+                    "device_fault": asdict(b.device_fault) if b.device_fault else None})
         return EXIT_OK
     out = console()
     out.print(Text.assemble(("bundle: ", "bold"), clean(b.info.path)), soft_wrap=True)
@@ -284,9 +288,10 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
         _device_fault(out, b)
     out.print(_timeline(events, f"last {len(events)} events (t relative to the last one)"))
     memory = b.events({"memory"}, last=3)
+    peaks = {e.get("step"): e for e in b.events({"memory_peak"}, last=3)}
     if memory:
         out.print(_plain("memory: " + "  |  ".join(f"step {e.get('step')}: {_num(e.get('used_bytes'), 2**20)} MiB"
-                                                    for e in memory)))
+                                                    + _peak(peaks.get(e.get("step"))) for e in memory)))
     if b.fatal_stacks:
         _section(out, "fatal signal (faulthandler)", b.fatal_stacks)
     if b.stacks:
@@ -295,6 +300,10 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
     for graph in b.graphs:
         out.print(Text(f"graph: {clean(graph)}"), soft_wrap=True)
     return EXIT_OK
+
+
+def _peak(event: dict[str, Any] | None) -> str:
+    return f" (peak {_num(event.get('peak_allocated_bytes'), 2**20)} MiB)" if event else ""
 
 
 def _device_fault(out: Any, b: Bundle) -> None:

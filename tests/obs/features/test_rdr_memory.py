@@ -122,3 +122,28 @@ def test_turning_the_history_off_after_a_cuda_fault_is_quiet(fake_cuda, monkeypa
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", dead)
     history.apply(0)  # the context died with the assert: nothing to turn off, nothing to report
     assert history.entries == 0
+
+
+def test_a_steps_cuda_peaks_are_in_the_ring_and_shown(tmp_path, capsys):
+    """A MEMORY reading with CUDA's peaks (as obs.runtime.torch._adapter.memory_stats gives it on a GPU) is a memory
+    and a memory_peak event of the step in the bundle, and `obs rdr show` says the peak."""
+    from obs._core.events import Event, bus
+    from obs.cli import main
+
+    config = tmp_path / "obs.json"
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "granularity": "step"}}))
+    obs.set_context(env_config_path=str(config))
+    try:
+        bus.emit(Event.MEMORY, 4, {"device": "cuda:0", "allocated_bytes.all.current": 3 << 20,
+                                   "allocated_bytes.all.peak": 96 << 20, "reserved_bytes.all.current": 128 << 20,
+                                   "reserved_bytes.all.peak": 160 << 20})
+        path = obs.rdr.dump("manual")
+    finally:
+        obs.reset_context()
+    with open(f"{path}/memory.jsonl") as fh:
+        lines = [json.loads(line) for line in fh]
+    assert [(e["kind"], e["step"], e["device"]) for e in lines] == [("memory", 4, "cuda:0"), ("memory_peak", 4,
+                                                                                             "cuda:0")]
+    assert (lines[1]["peak_allocated_bytes"], lines[1]["peak_reserved_bytes"]) == (96 << 20, 160 << 20)
+    assert main(["rdr", "show", path]) == 0
+    assert "step 4: 3.0 MiB (peak 96.0 MiB)" in capsys.readouterr().out
