@@ -93,6 +93,8 @@ SECTIONS: dict[str, OptionTable] = {
         Option("backward", Bool(), True, "Check gradients in backward too."),
         Option("path", _ABS, "", "Absolute folder of the dumps (empty: as exception_dump); they go to "
                "{path}/rank_{r}/nan_check/."),
+        Option("sync", Bool(), False, "On CUDA, check each tensor as it is made (a host sync each: exact counts, "
+               "inputs kept); off: flags read once per step, off the training thread."),
     ]),
     "dump": OptionTable("dump", [
         Option("common_dump_settings", JsonObject(), {}, "The data dump's settings, as in MINDSPORE_DUMP_CONFIG's "

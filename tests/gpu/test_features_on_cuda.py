@@ -96,7 +96,8 @@ def test_the_nan_check_finds_the_first_nan_of_a_cuda_model(tmp_path, compiled):
     train(Bad().to(CUDA), steps=1, compiled=compiled)
     obs.reset_context()
     (finding,) = [json.loads((d / "meta.json").read_text()) for d in (tmp_path / "rank_0" / "nan_check").iterdir()]
-    assert finding["phase"] == "forward" and finding["nan"] > 0
+    # read once per step on CUDA (nan_check.sync off): which values were found, not how many (dumps.md)
+    assert finding["phase"] == "forward" and finding["found"] == ["NaN"], finding
 
 
 def test_exception_dump_saves_the_cuda_inputs_of_the_failing_module(tmp_path):

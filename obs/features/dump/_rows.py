@@ -9,6 +9,9 @@ same address, shape, strides, dtype and version hold the same values.  :meth:`St
 formats each record once and every row from it, in one tight loop instead of a little at a time
 between the training step's kernels.
 
+CUDA tensors' statistics stay on the device until the step's end (:mod:`obs.features.dump.device_stats`): their
+records hold a token as text until :meth:`StatisticRows.send` has their values, off the training thread.
+
 Plain CPU tensors are recorded by a C++ recorder (``obs/features/dump/_fast_rows.cpp``, through
 :mod:`obs.features.dump.native_rows`) that reads them through ATen and keeps the same rows in C++, without a
 Python object each, and formats them there; it hands every other tensor back to :meth:`StatisticRows._row`,
@@ -26,6 +29,7 @@ from typing import Any
 import torch
 
 from obs.features.dump import native_rows, stats
+from obs.features.dump.device_stats import DeviceStats
 from obs.features.dump.statistic_csv import csv_header
 from obs.features.dump.stats import compile_contiguous, compile_statistics, native_code, native_picks
 
@@ -94,6 +98,7 @@ class StatisticRows:
             self._rows, picks[0], picks[1], self._row)
         self.add_values: Callable[[Op, str, Sequence[Any]], None] = \
             self.native.add_values if self.native is not None else self._add_values
+        self.device = DeviceStats(categories)  # CUDA tensors' records, their statistics on the device
 
     def __len__(self) -> int:
         return (len(self._rows) if self.native is None else self.native.size) + len(self._computed)
@@ -106,6 +111,7 @@ class StatisticRows:
         self._computed.append((op, io, slot, [values, dtype, shape, None]))
 
     def clear(self) -> None:
+        self.device.clear()
         self._computed.clear()
         self._rows.clear()
         self._seen.clear()
@@ -153,7 +159,8 @@ class StatisticRows:
         if tensor.layout is not torch.strided or tensor.is_meta or tensor.is_nested:  # no single shape: no row
             record = None
         elif version is None:
-            record = [self._stats(tensor), dtype, tensor.shape, None]
+            record = self.device.record(tensor, dtype, tensor.shape) if self.device.takes(tensor) else \
+                [self._stats(tensor), dtype, tensor.shape, None]
         else:
             record = self._by_memory(tensor, version, dtype)
         if version is not None:
@@ -172,9 +179,12 @@ class StatisticRows:
         found = self._memory.get(key)
         if found is not None and found[0]() is storage:
             return found[1]
-        code = None if self._contiguous is None else native_code(tensor, dtype)
-        values = self._stats(tensor) if code is None else self._contiguous(address, tensor.numel(), code)
-        record = [values, dtype, shape, None]
+        if self.device.takes(tensor):  # no read-back now: its values come after the step
+            record = self.device.record(tensor, dtype, shape)
+        else:
+            code = None if self._contiguous is None else native_code(tensor, dtype)
+            values = self._stats(tensor) if code is None else self._contiguous(address, tensor.numel(), code)
+            record = [values, dtype, shape, None]
         self._memory[key] = (weakref.ref(storage), record)
         return record
 
@@ -188,6 +198,23 @@ class StatisticRows:
         else:
             return self.python_text()
         return text + self._lines(self._computed) if self._computed else text
+
+    def write_text(self, write: Callable[[str], None]) -> None:
+        """``write(text())`` now, or, where the step has records of device tensors, once their values are on the
+        host (on the poller's thread; :meth:`flush` waits for it)."""
+        text = self.text()
+        if len(self.device):
+            self.device.send(text, self._format, write)
+        else:
+            write(text)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every text :meth:`write_text` left for later is written."""
+        return self.device.flush(timeout)
+
+    def close(self) -> None:
+        """:meth:`flush`, then stop the thread that writes them."""
+        self.device.close()
 
     def python_text(self) -> str:
         """:meth:`text` without the C extension (the reference the C formatter is tested against)."""

@@ -14,7 +14,10 @@ ops run by autograd in backward are under ``Gradients/``.  Eager PyTorch has one
 Iteration N is the N-th step (from ``initial_iteration``).  Statistics are computed when the op
 returns (later in-place writes cannot change them); a tensor the op itself writes in place is recorded as
 its input as it was before the op (the op interceptor copies it in dumped steps) and statistic.csv is written at the step's end.
-Steps outside ``iteration`` cost one flag test per op.  Slots follow argument positions: a
+On CUDA nothing waits for the device: statistics are reduced
+on it and read with the step's others after the step, and tensors are copied into pinned memory, their files
+written off the training thread (:mod:`obs.features.dump.device_stats`, :mod:`obs.features.dump.pinned_files`);
+:meth:`DataDump.flush` waits for them.  Steps outside ``iteration`` cost one flag test per op.  Slots follow argument positions: a
 non-tensor argument leaves a gap, as in the original.  The outputs of ops that return uninitialised
 memory (``empty_like``: garbage that differs from run to run) are not dumped; the op that fills such a
 tensor dumps it.  With ``dump_mode`` 0 and outputs dumped,
@@ -50,6 +53,7 @@ from obs.features.dump._layout import escape_name, inside, npy_bytes, op_type
 from obs.features.dump._rows import Op, StatisticRows, each_tensor
 from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
 from obs.features.dump.graph_rows import columns_for, graph_rows
+from obs.features.dump.pinned_files import PinnedFiles
 from obs.runtime.steps import tracker
 from obs.runtime.torch import _ops
 from obs.settings.dump_config import DumpConfig
@@ -105,6 +109,7 @@ class DataDump:
         self.spans = ModuleSpans()
         self._inputs, self._outputs = config.input_output != 2, config.input_output != 1
         self.rows = StatisticRows(config.statistic_category, native=self._statistics and not self._tensors)
+        self.files = PinnedFiles(self.rows.device.poller)  # CUDA tensors' files, written by the same thread
         # statistics only: the rows' recorder (C++ where built); with tensor files: each tensor through _tensor
         self._add = self._each if self._tensors else self.rows.add_values
         # Where the rows are recorded in C++, ops are consumed there too (on_op: this class's _on_op, without a
@@ -200,6 +205,8 @@ class DataDump:
         atexit.unregister(self._at_exit)
         if self.active:
             self._finish()
+        self.files.send()
+        self.rows.close()  # what the steps left for the device is written first
 
     def nothing_dumped(self) -> str | None:
         """Why this dump has written no iteration yet (None once one is written, or while no op has run)."""
@@ -216,7 +223,17 @@ class DataDump:
                     f"and the run ended after iteration {self.iteration}.")
         return None
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait (on this thread) until the files of the steps dumped so far are written; False when ``timeout``
+        seconds passed first."""
+        self.files.send()
+        return self.rows.flush(timeout)
+
     def _at_exit(self) -> None:
+        try:
+            self.flush(10.0)
+        except Exception as exc:  # noqa: BLE001 - reported; the interpreter is going away
+            report_internal_error("data dump at exit", exc)
         reason = self.nothing_dumped()
         if reason is not None:
             logger.warning("obs: %s", reason)
@@ -297,8 +314,10 @@ class DataDump:
         self.active = False
         with suppressed():
             folder = self._made_folder()  # the iteration's folder, even when no tensor was selected
+            self.files.send()
             if self._statistics:
-                _write_fresh(os.path.join(folder, "statistic.csv"), self.rows.text())
+                path = os.path.join(folder, "statistic.csv")
+                self.rows.write_text(lambda text: _write_fresh(path, text))
             self._dumped.append(self.iteration)
             order = self._order_dir  # its files are created with their folder
             global_order = os.path.join(order, f"ms_global_execution_order_graph_{GRAPH_ID}.csv")
@@ -423,7 +442,10 @@ class DataDump:
             kind, name, stamp = op
             path = os.path.join(self._made_folder(), f"{kind}.{name}.0.0.{stamp}.{io}.{slot}.DefaultFormat."
                                                      f"{ms_dtype(tensor)}.npy")
-            header, data = npy_bytes(host_array(tensor))
-            safe_files.write_new(path, header, data, folder_ready=True)
+            if self.files.takes(tensor):
+                self.files.add(path, tensor)  # no read-back now: written once the device has copied it
+            else:
+                header, data = npy_bytes(host_array(tensor))
+                safe_files.write_new(path, header, data, folder_ready=True)
         if self._statistics:
             self.rows.add(op, io, slot, tensor)

@@ -34,7 +34,7 @@ __all__ = ["DumpFeature", "feature"]
 @dataclass(frozen=True)
 class _Wanted:
     exception: tuple[str, str] | None  # (mode, root)
-    nan: tuple[str, str, bool, str, int] | None  # (action, granularity, backward, root, limit)
+    nan: tuple[str, str, bool, str, int, bool] | None  # (action, granularity, backward, root, limit, sync)
     data: DumpConfig | None
 
 
@@ -124,8 +124,9 @@ class DumpFeature:
             limit = (data.overflow_number if data is not None and debug == 3 and not nan_section.get("enable")
                      else 1)
             granularity = nan_section.get("granularity", "module") if nan_section.get("enable") else "op"
+            # sync: CUDA tensors checked where they are made (a host sync each), not once per step off-thread
             nan = (nan_section.get("action", "continue"), granularity,
-                   bool(nan_section.get("backward", True)), root, limit)
+                   bool(nan_section.get("backward", True)), root, limit, bool(nan_section.get("sync", False)))
         if debug in (3, 4):  # overflow-only / exception-only: the NaN check or exception_dump does the work
             data = None
         return _Wanted(exception, nan, data)
@@ -152,9 +153,9 @@ class DumpFeature:
             if want.nan is not None:
                 from obs.features.dump.nan_check import NanCheck
 
-                action, granularity, backward, root, limit = want.nan
+                action, granularity, backward, root, limit, sync = want.nan
                 self.nan = NanCheck(root, action=action, granularity=granularity, backward=backward,
-                                    limit=limit).install()
+                                    limit=limit, sync=sync).install()
         if want.data != have.data:
             if self.data is not None:
                 self.data.remove()

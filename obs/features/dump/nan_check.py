@@ -15,12 +15,18 @@ the RDR), a capture folder ``{root}/rank_{r}/nan_check/{stamp}_{scope}/`` with t
 non-finite outputs (or the gradient) and their counts, then either training goes on
 (``action="continue"``) or a ``FloatingPointError`` is raised from the hook (``"raise"``), which
 reaches the user as any error of that module would (and exception_dump dumps it when armed).
+
+On CUDA no check waits for the device (``sync=False``, the default): each tensor's gate is taken on the device
+and read with the step's others once the step has ended, off the training thread
+(:mod:`obs.features.dump.device_flags`); the first bad place of the step is found from them, and reported without
+the tensors or exact counts (:mod:`obs.features.dump.nan_findings`, where ``action="raise"`` is raised later).
+``sync=True`` checks CUDA tensors as CPU ones are: a host sync per check, exact counts and the inputs.
 """
 
 from __future__ import annotations
 
+import atexit
 import sys
-import threading
 import warnings
 import weakref
 from typing import Any
@@ -29,19 +35,20 @@ import torch
 
 from obs._core.demands import demands
 from obs._core.events import Event, Subscription, bus
-from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs._core.internal import SUPPRESSION, report_internal_error
 from obs.features.compiled_notice import CompiledNotice
 from obs.features.dump import native_nan
 from obs.features.dump._grad_links import ELEMENTWISE_BACKWARD, MAX_POOLS, GradLinks, preserves_in_backward
 from obs.features.dump._layout import op_type
 from obs.features.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
-from obs.features.dump.capture import outputs_in, python_stack, write_capture
+from obs.features.dump.capture import outputs_in
+from obs.features.dump.device_flags import DeviceFlags
 from obs.features.dump.graph_rows import NONFINITE, graph_rows
+from obs.features.dump.nan_findings import Findings, NonFiniteError
 from obs.features.dump.stats import nonfinite_counts
 from obs.runtime.steps import tracker
 from obs.runtime.torch._autograd_calls import AutogradCall
 from obs.runtime.torch._dynamo_polyfill import hidden_from_dynamo, skip_frames
-from obs.settings.parallel import rank
 
 __all__ = ["NanCheck", "NonFiniteError"]
 
@@ -60,14 +67,6 @@ _KNOWN_MAX = 4096  # tensors known finite in one step, at most
 def _outputs_of(value: Any) -> Any:
     """:func:`~obs.features.dump.capture.outputs_in`, without the generator for the common case: one tensor."""
     return (("output", value),) if isinstance(value, torch.Tensor) else outputs_in(value)
-
-
-class NonFiniteError(FloatingPointError):
-    """Raised (``action="raise"``) where the first NaN/Inf appeared; ``capture`` is its dump folder."""
-
-    def __init__(self, message: str, capture: str | None) -> None:
-        super().__init__(message)
-        self.capture = capture
 
 
 class _QuietCompiledHookWarning:
@@ -92,11 +91,13 @@ class NanCheck:
     """Finds the first non-finite module output / gradient (or op output) and reports it."""
 
     def __init__(self, root: str, *, action: str = "continue", granularity: str = "module", backward: bool = True,
-                 limit: int = 1) -> None:
+                 limit: int = 1, sync: bool = False) -> None:
         self.root, self.action, self.granularity, self.backward = root, action, granularity, backward
-        self.limit = limit  # findings reported in all (0: one per step, without end)
-        self.findings: list[dict[str, Any]] = []
-        self._step_reported = -1
+        # limit: findings reported in all (0: one per step, without end)
+        self._findings = Findings(root, action, limit, self._reported)
+        self.findings = self._findings.findings
+        # CUDA tensors' gates, read once per step off the training thread (None: sync, each read where it is made)
+        self.flags = None if sync else DeviceFlags(self._findings.report_later)
         self._last_checked: Any = None
         self._finite: dict[tuple[int, int, int], Any] = {}  # (address, numel, version) → weakref, this step
         self._finite_step = -1
@@ -106,7 +107,6 @@ class NanCheck:
         self._handles: list[Any] = []  # removable handles and autograd wrappers
         self._subs: list[Subscription] = []
         self._demand: Any = None
-        self._lock = threading.Lock()
         self._graph_root = "Default"  # the scope of the compiled module whose forward graph ran last
         from obs.settings._context import get_context
 
@@ -119,6 +119,9 @@ class NanCheck:
         # Inductor-compiled graphs count their own tensors' NaN/Inf: the first node that made one is named.
         demands.graph_stats[self] = (frozenset(NONFINITE), self.granularity == "op")  # module: module outputs
         self._subs.append(bus.subscribe(Event.GRAPH_STATS, self._on_graph))
+        if self.flags is not None:
+            self._subs.append(bus.subscribe(Event.STEP_END, self._on_step_end))
+            atexit.register(self._at_exit)
         if self.granularity == "module":
             self._handles.append(CompiledNotice("the NaN/Inf check", (
                 "the modules inside a compiled module are not checked one by one: an Inductor-compiled graph names "
@@ -159,10 +162,55 @@ class NanCheck:
         for sub in self._subs:
             sub.remove()
         self._handles, self._subs = [], []
+        if self.flags is not None:
+            atexit.unregister(self._at_exit)
+            self.flags.close()  # the steps in flight are still reported
 
     @property
     def done(self) -> bool:
-        return bool(self.limit) and len(self.findings) >= self.limit
+        return self._findings.done
+
+    @property
+    def limit(self) -> int:
+        return self._findings.limit
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        self._findings.limit = value
+
+    @property
+    def _step_reported(self) -> int:
+        return self._findings.step_reported
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Report what the device gates of the steps so far hold, waiting for them (on this thread); False when
+        ``timeout`` seconds passed first."""
+        return True if self.flags is None else self.flags.flush(timeout)
+
+    def _at_exit(self) -> None:
+        try:
+            self.flush(10.0)
+        except Exception as exc:  # noqa: BLE001 - reported; the interpreter is going away
+            report_internal_error("NaN/Inf check at exit", exc)
+
+    def _on_step_end(self, step: int, duration_ns: int) -> None:
+        flags = self.flags
+        if flags is not None and flags.pending:
+            flags.end_step()
+
+    def _reported(self, step: int, late: bool) -> None:
+        """A finding of ``step`` was made (under the findings' lock)."""
+        if self._native is not None:
+            self._native.reported_step = step
+            # a late finding's raise comes from the next Python check: the C++ hook must still call it
+            if self.done and not (late and self.action == "raise"):
+                self._native.disable()
+
+    def _raise_pending(self) -> None:
+        """Raise a late finding's error (action "raise") here, on the training thread."""
+        if self.done and self._native is not None:
+            self._native.disable()
+        self._findings.raise_pending()
 
     @property
     def outputs_read(self) -> int:
@@ -176,7 +224,11 @@ class NanCheck:
 
     # -- hooks ----------------------------------------------------------------------------------
     def _on_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if SUPPRESSION.depth or self.done or self._step_reported == tracker.step:
+        if SUPPRESSION.depth:
+            return
+        if self._findings.pending is not None:  # a late finding of action "raise": raised here, on this thread
+            self._raise_pending()
+        if self.done or self._step_reported == tracker.step:
             return
         stack = SUPPRESSION.stack
         scope = stack[-1] if stack else type(module).__name__
@@ -196,7 +248,12 @@ class NanCheck:
             self._last_checked = (weakref.ref(tensor), key)
             if not derived:
                 self._outputs_read += 1
-                counts = nonfinite_counts(tensor)
+                flags = self.flags
+                if flags is not None and flags.takes(tensor):  # gated on its device, read after the step
+                    flags.check(tensor, tracker.step, ("forward", "module", scope, type(module).__name__, where))
+                    counts = None
+                else:
+                    counts = nonfinite_counts(tensor)
                 if counts is not None:
                     self._found("forward", "module", scope, type(module).__name__, counts, where,
                                 [("inputs", list(tensors_in(args))), ("outputs", [(where, tensor)])])
@@ -236,12 +293,20 @@ class NanCheck:
 
         return check
 
-    def _check_gradient(self, scope: str, op: str, grad: torch.Tensor) -> None:
+    def _check_gradient(self, scope: str, op: str, grad: torch.Tensor | None) -> None:
         """The gradient reaching ``scope``'s output (the native hooks call this when their gate fails); None where
         autograd hands none (an output no loss depends on, as a compiled graph's backward reports it)."""
-        if grad is None or self.done or self._step_reported == tracker.step:
+        if grad is None:
+            return
+        if self._findings.pending is not None:
+            self._raise_pending()
+        if self.done or self._step_reported == tracker.step:
             return
         self._gradients_read += 1
+        flags = self.flags
+        if flags is not None and flags.takes(grad):
+            flags.check(grad, tracker.step, ("backward", "module", scope, op, "gradient of the output"))
+            return
         counts = nonfinite_counts(grad)
         if counts is not None:
             self._found("backward", "module", scope, op, counts, "gradient of the output",
@@ -256,17 +321,29 @@ class NanCheck:
                         counts, "output", [("inputs", list(tensors_in(args))), ("outputs", [("output", output)])])
 
     def _on_op(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
+        if self._findings.pending is not None:
+            self._raise_pending()
         if self.done or self._step_reported == tracker.step or name.startswith(UNINITIALISED_OPS):
             return
+        flags = self.flags
         for where, tensor in outputs_in(output):
+            if flags is not None and flags.takes(tensor):
+                flags.check(tensor, tracker.step, (self._op_phase(), "op", self._op_scope(), name, where))
+                continue
             counts = nonfinite_counts(tensor)
             if counts is not None:
-                stack = SUPPRESSION.stack
-                scope = stack[-1] if stack else ""
-                phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
-                self._found(phase, "op", scope, name, counts, where,
+                self._found(self._op_phase(), "op", self._op_scope(), name, counts, where,
                             [("inputs", list(tensors_in(args, kwargs))), ("outputs", [(where, tensor)])])
                 return
+
+    @staticmethod
+    def _op_phase() -> str:
+        return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+
+    @staticmethod
+    def _op_scope() -> str:
+        stack = SUPPRESSION.stack
+        return stack[-1] if stack else ""
 
     def _on_graph(self, spec: dict[str, Any], rows: list[list[float]] | None) -> None:
         if rows is None:
@@ -285,31 +362,4 @@ class NanCheck:
     # -- reporting ------------------------------------------------------------------------------
     def _found(self, phase: str, kind: str, scope: str, op: str, counts: tuple[int, int, int], where: str,
                groups: list[tuple[str, Any]]) -> None:
-        with self._lock:
-            if self.done or self._step_reported == tracker.step:
-                return
-            self._step_reported = tracker.step
-            if self._native is not None:
-                self._native.reported_step = tracker.step
-            place = f"{scope}/{op}" if kind == "op" else scope
-            finding = {"phase": phase, "kind": kind, "scope": scope, "op": op, "step": tracker.step, "where": where,
-                       "nan": counts[0], "pos_inf": counts[1], "neg_inf": counts[2], "rank": rank()}
-            message = (f"first NaN/Inf in {phase} at {place} (step {tracker.step}, {where}): {counts[0]} NaN, "
-                       f"{counts[1]} +Inf, {counts[2]} -Inf")
-            capture = None
-            try:
-                with suppressed():
-                    capture = write_capture(self.root, finding["rank"], "nan_check", place,
-                                            {**finding, "message": message,
-                                             "python_stack": python_stack(None, sys._getframe(2))},
-                                            groups, "NaN/Inf dump")
-            except Exception as exc:  # noqa: BLE001 - reported; the finding is kept without its capture
-                report_internal_error("nan_check write", exc)
-            finding["capture"] = capture
-            self.findings.append(finding)
-            if self._native is not None and self.done:
-                self._native.disable()
-        error = NonFiniteError(message, capture)  # the recorder's event and bundle say what was found
-        bus.emit(Event.FAULT, "nan_inf", place, error)
-        if self.action == "raise":
-            raise error
+        self._findings.report(tracker.step, phase, kind, scope, op, counts, where, groups, sys._getframe(2))

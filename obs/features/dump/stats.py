@@ -211,19 +211,25 @@ def _add_hashes(tensor: torch.Tensor, values: dict[str, Any]) -> None:
     values["hash"] = values["hash:sha1"] = hashlib.sha1(raw).hexdigest()
 
 
+def prepared(tensor: torch.Tensor) -> tuple[torch.Tensor, int, int, bool]:
+    """``(t, numel, repeat, floating)``: the values statistics are taken of (a complex tensor's magnitudes, a bool
+    tensor as bytes, an expanded tensor's distinct elements, each repeated ``repeat`` times), detached."""
+    t = tensor.detach()
+    if t.is_complex():
+        t = t.abs()
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    n = t.numel()
+    t, repeat = _unexpanded(t)
+    return t, n, repeat, t.is_floating_point()
+
+
 def _torch_values(tensor: torch.Tensor, need: frozenset[str]) -> dict[str, Any]:
     """The torch path: stage one reads back, in one transfer, what every tensor needs (min and max in one
     pass, the sum or the norm) plus a gate; only a tensor whose gate is not finite pays stage two: exact
     NaN/Inf counts and min/max/avg over its finite elements."""
     with suppressed():
-        t = tensor.detach()
-        if t.is_complex():
-            t = t.abs()
-        if t.dtype == torch.bool:
-            t = t.to(torch.uint8)
-        n = t.numel()
-        t, repeat = _unexpanded(t)
-        floating = t.is_floating_point()
+        t, n, repeat, floating = prepared(tensor)
         values: dict[str, Any] = {"count": n}
         names: list[str] = []
         parts: list[torch.Tensor] = []

@@ -94,7 +94,8 @@ def test_resolve_without_file_gives_defaults():
                                            "sys": {"mem_reuse": True},
                                            "exception_dump": {"enable": False, "mode": "2", "path": ""},
                                            "nan_check": {"enable": False, "action": "continue",
-                                                         "granularity": "module", "backward": True, "path": ""},
+                                                         "granularity": "module", "backward": True, "path": "",
+                                                         "sync": False},
                                            "dump": {"common_dump_settings": {}, "e2e_dump_settings": {}},
                                            "graphs": {"save_graphs": 0, "save_graphs_path": ""}}
 
