@@ -65,8 +65,9 @@ class Event(enum.Enum):
                             "statistics of its tensors (obs.runtime.torch._graph_taps): `rows[i]` holds max, min, "
                             "sum (finite elements), L2 norm, NaN, +Inf, -Inf and zero counts of the tensor "
                             "`spec['rows'][i]` describes (node, op, module stack, dtype, shape); `spec['backward']` "
-                            "says whether the graph is a backward graph.  Also when such a graph starts, with "
-                            "`rows` None.")
+                            "says whether the graph is a backward graph.  On CUDA `rows` is a `DeviceRows` instead: "
+                            "the same values still on the device, not read back (`values`, `split`, `read`).  Also "
+                            "when such a graph starts, with `rows` None.")
     GRAPH_IR = EventSpec("graph_ir", ("name", "stage", "text"), "A graph in MindSpore's `.ir` text (obs.graphs): "
                          "every graph obs.compile publishes, the eager trace graph and obs.dump_graph's; `stage` "
                          "says which (dynamo_capture, aot_forward, aot_backward, trace, export, ...).")

@@ -180,3 +180,54 @@ def test_the_tensor_dump_copies_through_pinned_memory_without_a_host_sync(tmp_pa
     [weight] = folder.glob("Parameter.fc1_weight.*.output.0.*.npy")
     assert np.array_equal(np.load(weight), w)
     assert len(list(folder.glob("*.npy"))) > 20
+
+
+def compiled_steps(net: Net, inputs: list[torch.Tensor]) -> None:
+    """Steps of ``torch.compile(net)`` (Inductor): the first input compiles it outside the checked region, the
+    others run under no_host_sync."""
+    compiled = torch.compile(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor) -> None:
+        with obs.step():
+            compiled(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    step(inputs[0])
+    with no_host_sync():
+        for x in inputs[1:]:
+            step(x)
+
+
+@pytest.fixture
+def inductor():
+    pytest.importorskip("triton")  # Inductor's CUDA kernels
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_the_statistics_of_a_compiled_graph_add_no_host_sync(tmp_path, inductor):
+    arm(tmp_path, dump_settings(tmp_path, "statistic", ["max", "min", "avg", "l2norm", "nan count"]))
+    bad = torch.full((16, 8), float("nan"), device=CUDA)
+    compiled_steps(model(), [torch.randn(16, 8, device=CUDA), torch.randn(16, 8, device=CUDA), bad])
+    assert feature.data.flush(60)
+    obs.reset_context()
+    clean, nan = statistic_rows(tmp_path, 1), statistic_rows(tmp_path, 2)
+    relu = [r for r in clean if r["Op Type"] == "Relu" and r["IO"] == "output"]  # a node of the compiled graph
+    assert relu and float(relu[0]["Min Value"]) == 0.0 and float(relu[0]["Max Value"]) > 0
+    assert relu[0]["NaN Count"] == "0" and relu[0]["Shape"] == "(16,32)"
+    assert any(r["Op Name"].startswith("Gradients_") for r in clean)  # the backward graph's rows
+    addmm = [r for r in nan if r["Op Type"] == "Addmm" and r["Shape"] == "(16,32)"]
+    assert addmm and addmm[0]["NaN Count"] == str(16 * 32) and addmm[0]["Max Value"] == "null"
+
+
+def test_the_nan_check_of_a_compiled_graph_adds_no_host_sync(tmp_path, inductor):
+    arm(tmp_path, {"nan_check": {"enable": True, "path": str(tmp_path)}})
+    bad = torch.full((16, 8), float("nan"), device=CUDA)
+    compiled_steps(model(), [torch.randn(16, 8, device=CUDA), torch.randn(16, 8, device=CUDA), bad])
+    obs.reset_context()  # waits for what is in flight
+    [found] = nan_findings(tmp_path)
+    assert (found["phase"], found["step"]) == ("forward", 3) and found["op"] in ("Addmm", "Mm")  # fc1's node
+    assert "fc1" in found["scope"] and found["nan"] == 16 * 32  # the graph counted them: exact counts

@@ -110,6 +110,11 @@ class StatisticRows:
             self._dtype_info(dtype)
         self._computed.append((op, io, slot, [values, dtype, shape, None]))
 
+    def add_computed_later(self, op: Op, io: str, slot: int, record: list[Any]) -> None:
+        """A compiled graph's row whose values come from the device after the step (``record``:
+        :meth:`DeviceStats.record_rows`'); written after the others, as :meth:`add_computed`'s."""
+        self._computed.append((op, io, slot, record))
+
     def clear(self) -> None:
         self.device.clear()
         self._computed.clear()

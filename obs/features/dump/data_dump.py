@@ -33,13 +33,14 @@ and calls back here only for what is done once per op type or full name (:meth:`
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import os
 import re
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -52,12 +53,15 @@ from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._layout import escape_name, inside, npy_bytes, op_type
 from obs.features.dump._rows import Op, StatisticRows, each_tensor
 from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
-from obs.features.dump.graph_rows import columns_for, graph_rows
+from obs.features.dump.graph_rows import GraphRow, columns_for, filled, graph_rows
 from obs.features.dump.pinned_files import PinnedFiles
 from obs.runtime.steps import tracker
 from obs.runtime.torch import _ops
 from obs.settings.dump_config import DumpConfig
 from obs.settings.parallel import rank
+
+if TYPE_CHECKING:
+    from obs.runtime.torch._graph_taps import DeviceRows
 
 __all__ = ["DataDump", "op_type"]
 
@@ -384,9 +388,10 @@ class DataDump:
         except Exception as exc:  # noqa: BLE001 - reported; a dump bug must not break the training loop
             report_internal_error("data dump op", exc)
 
-    def _on_graph(self, spec: dict[str, Any], rows: list[list[float]] | None) -> None:
+    def _on_graph(self, spec: dict[str, Any], rows: list[list[float]] | DeviceRows | None) -> None:
         """A compiled graph with statistics starts (``rows`` None: the ops it still dispatches one by one are
-        left to its rows) or ends, with one row per tensor (obs.runtime.torch._graph_taps)."""
+        left to its rows) or ends, with one row per tensor (obs.runtime.torch._graph_taps): read, or still on the
+        device (DeviceRows: read with the step's other device statistics, after the step)."""
         if rows is None:
             if self._active:
                 self._in_graph, self.active = True, False
@@ -396,8 +401,12 @@ class DataDump:
         if not self._in_graph:
             return
         self._in_graph, self.active = False, True
+        read, later = (rows, None) if isinstance(rows, list) else (None, rows)
+        categories = self.config.statistic_category
         try:
-            for row in graph_rows(spec, rows, self._graph_root, self._keep_class, self._classes):
+            made: list[tuple[Op, int, GraphRow]] = []  # the rows whose values are still on the device
+            for i, row in enumerate(graph_rows(spec, read, self._graph_root,
+                                               self._keep_class, self._classes)):
                 name = row.op.removeprefix("aten.")
                 kind = self._types.get(name)
                 if kind is None:
@@ -408,8 +417,18 @@ class DataDump:
                 entry = self._names.get(full) or self._name_entry(full)
                 self._order.append(entry[0])
                 if entry[2] and self._outputs:
-                    self.rows.add_computed(self._op(kind, entry[1]), "output", 0,
-                                           row.statistics(self.config.statistic_category), row.dtype, row.shape)
+                    if later is not None:
+                        made.append((self._op(kind, entry[1]), i, row))
+                    else:
+                        self.rows.add_computed(self._op(kind, entry[1]), "output", 0, row.statistics(categories),
+                                               row.dtype, row.shape)
+            if later is not None and made:
+                columns = spec.get("columns", ())
+                records = self.rows.device.record_rows(later.values, later.width, [
+                    (i, row.dtype, row.shape, functools.partial(filled, row, columns, categories))
+                    for _, i, row in made])
+                for (op, _, _), record in zip(made, records):  # their text comes with their values
+                    self.rows.add_computed_later(op, "output", 0, record)
         except Exception as exc:  # noqa: BLE001 - reported; a dump bug must not break the training loop
             report_internal_error("data dump of a compiled graph", exc)
 

@@ -6,7 +6,9 @@ both, +Inf shows in the max and -Inf in the min, and no sum can overflow) and ke
 end :meth:`DeviceFlags.end_step` sends the batch (one copy per device into pinned memory, then an event) and hands it
 to a :class:`~obs.features.dump.device_poller.Poller`: once the event is done, on the poller's thread, the labels are
 walked in the order the checks were made and ``found(step, label, low, high)`` is called for each one whose gate is
-not finite; it returns False to stop the walk (nothing more to report).
+not finite; it returns False to stop the walk (nothing more to report).  :meth:`DeviceFlags.check_values` keeps a
+whole vector the same way (the statistics of a compiled graph's tensors, which the graph computed on the device): its
+own ``walk`` reads it at its place in that order.
 
 Nothing here waits for a device on the calling thread.  Which devices are deferred: CUDA always; the tests add the
 CPU (``cpu=True``) to drive the same logic without a GPU.  Other tensors (another device, a tensor subclass, sparse)
@@ -35,6 +37,8 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 #: found(step, label, low, high) -> whether to go on walking the batch
 Found = Callable[[int, Any, float, float], bool]
+#: walk(step, values) -> whether to go on walking the batch (check_values)
+Walk = Callable[[int, list[float]], bool]
 
 
 class DeviceFlags:
@@ -45,7 +49,7 @@ class DeviceFlags:
         self._cpu = cpu
         self._lock = threading.Lock()
         self._batch = DeviceBatch()
-        self._labels: list[tuple[int, Any]] = []  # (step, label) per check, in the order made
+        self._labels: list[tuple[int, Any, int]] = []  # (step, label, first value's index) per check, in order
         self.poller = Poller(name)
         self.checks = 0  # tensors gated on their device so far
         self.reads = 0  # batches read back so far
@@ -74,13 +78,22 @@ class DeviceFlags:
                 t = torch.view_as_real(t.resolve_conj())
             low, high = torch.aminmax(t)
         with self._lock:
-            self._batch.add_all((low, high))
-            self._labels.append((step, label))
+            self._labels.append((step, label, self._batch.add_all((low, high))))
             self.checks += 1
             full = len(self._labels) >= MAX_PENDING
         if full:
             self.end_step()
         return True
+
+    def check_values(self, values: torch.Tensor, step: int, walk: Walk) -> None:
+        """Keep ``values`` (1-D, on its device; nothing writes them again) for ``step``, in the order of the checks;
+        the walk calls ``walk(step, values read back)`` at their place (it returns False to stop the walk)."""
+        with self._lock:
+            self._labels.append((step, _Values(walk, len(values)), self._batch.add_vector(values)))
+            self.checks += 1
+            full = len(self._labels) >= MAX_PENDING
+        if full:
+            self.end_step()
 
     def end_step(self) -> None:
         """Send the checks made so far to the host; they are walked once they arrive."""
@@ -104,11 +117,24 @@ class DeviceFlags:
         self._closed = True
         self.poller.close()
 
-    def _walk(self, sent: Sent, labels: list[tuple[int, Any]]) -> None:
+    def _walk(self, sent: Sent, labels: list[tuple[int, Any, int]]) -> None:
         values = sent.values()
         self.reads += 1
         isfinite = math.isfinite
-        for i, (step, label) in enumerate(labels):
-            low, high = values[2 * i], values[2 * i + 1]
+        for step, label, first in labels:
+            if label.__class__ is _Values:
+                if not label.walk(step, values[first:first + label.count]):
+                    return
+                continue
+            low, high = values[first], values[first + 1]
             if not (isfinite(low) and isfinite(high)) and not self._found(step, label, low, high):
                 return
+
+
+class _Values:
+    """The label of :meth:`DeviceFlags.check_values`: its walk and how many values it has."""
+
+    __slots__ = ("count", "walk")
+
+    def __init__(self, walk: Walk, count: int) -> None:
+        self.walk, self.count = walk, count

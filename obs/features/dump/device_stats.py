@@ -7,6 +7,8 @@ yet and, as its text, a token.  At the step's end the rows' text is made as usua
 :meth:`DeviceStats.send` copies the step's reductions to the host (one copy per device, then an event); once
 they are there, on the poller's thread, each record gets its values and text, the tokens are replaced and the file
 is written.  Hash categories need the bytes: the tensor is copied whole into pinned memory, hashed there.
+:meth:`DeviceStats.record_rows` does the same for the rows of a compiled graph, whose statistics the graph computed
+on the device (:mod:`obs.features.dump.graph_rows`): they are read with the step's others.
 
 The values are those of :func:`obs.features.dump.stats.statistics`'s torch path, computed without a branch on
 the data: max, min and avg over the finite elements (None when there is none), exact NaN/Inf counts, the L2 norm
@@ -16,6 +18,7 @@ tests add the CPU (``cpu=True``) to drive this logic without a GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
@@ -37,6 +40,8 @@ _HASHES = frozenset({"md5", "hash:md5", "hash", "hash:sha1"})
 _TOKEN = re.compile("\x00([0-9]+)\x00")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _INF = math.inf
+#: a row a device computed: (its index, dtype, shape, its categories' values of its row read back)
+_Computed = tuple[int, torch.dtype, Any, Callable[[list[float]], list[Any]]]
 
 
 def reductions(tensor: torch.Tensor, need: frozenset[str]) -> tuple[list[str], list[torch.Tensor], int, bool, int]:
@@ -124,8 +129,8 @@ class DeviceStats:
         self._cpu = cpu
         self._lock = threading.Lock()
         self._batch = DeviceBatch()
-        # per record: (record, first value's index, names, numel, floating, repeat, host copy for hashes)
-        self._pending: list[tuple[list[Any], int, list[str], int, bool, int, torch.Tensor | None]] = []
+        # per record: (record, first value's index, how many, its categories' values of those read back)
+        self._pending: list[tuple[list[Any], int, int, Callable[[list[float]], list[Any]]]] = []
         self.poller = Poller("statistic-dump")
 
     def __len__(self) -> int:
@@ -141,12 +146,34 @@ class DeviceStats:
         with suppressed():
             names, values, n, floating, repeat = reductions(tensor, self._need)
             host = pinned_copy(tensor.detach()) if self._hashes else None
+        make = functools.partial(self._values_of, names, n, floating, repeat, host)
         with self._lock:
             token = f"\x00{len(self._pending)}\x00"
             record: list[Any] = [[], dtype, shape, token]
             first = self._batch.add_all(values) if values else 0
-            self._pending.append((record, first, names, n, floating, repeat, host))
+            self._pending.append((record, first, len(values), make))
         return record
+
+    def record_rows(self, values: torch.Tensor, width: int, rows: Sequence[_Computed]) -> list[list[Any]]:
+        """The records of rows whose statistics a device computed already: row ``i`` of ``values`` (1-D, ``width``
+        per row, nothing writes it again) is ``values[width i : width i + width]``; per record ``(i, dtype, shape,
+        make)``, ``make(row i read back)`` gives its categories' values at :meth:`send`."""
+        records: list[list[Any]] = []
+        if not rows:
+            return records
+        with self._lock:
+            first = self._batch.add_vector(values)
+            for i, dtype, shape, make in rows:
+                records.append([[], dtype, shape, f"\x00{len(self._pending)}\x00"])
+                self._pending.append((records[-1], first + width * i, width, make))
+        return records
+
+    def _values_of(self, names: list[str], n: int, floating: bool, repeat: int, host: torch.Tensor | None,
+                   read: list[float]) -> list[Any]:
+        values = statistics_of(dict(zip(names, read)), n, floating, repeat)
+        if host is not None:
+            _add_hashes(host, values)
+        return [values.get(c) for c in self.categories]
 
     def clear(self) -> None:
         """Forget the records not sent (their step is not written)."""
@@ -166,11 +193,8 @@ class DeviceStats:
     def _fill(self, text: str, sent: Sent | None, pending: list[Any], fmt: Callable[[list[Any]], str]) -> str:
         read = sent.values() if sent is not None else []
         tails = []
-        for record, first, names, n, floating, repeat, host in pending:
-            values = statistics_of(dict(zip(names, read[first:first + len(names)])), n, floating, repeat)
-            if host is not None:
-                _add_hashes(host, values)
-            record[0] = [values.get(c) for c in self.categories]
+        for record, first, count, make in pending:
+            record[0] = make(read[first:first + count])
             record[3] = None
             tails.append(fmt(record))
             record[3] = tails[-1]

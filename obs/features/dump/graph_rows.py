@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from obs.features.graphs.describe import scope_parts
 
-__all__ = ["NONFINITE", "GraphRow", "columns_for", "graph_rows"]
+__all__ = ["NONFINITE", "GraphRow", "columns_for", "filled", "graph_rows"]
 
 #: statistic category -> the graph columns it needs (obs.runtime.torch._graph_taps.COLUMNS); not the csv columns
 GRAPH_COLUMNS_OF = {"max": ("max",), "min": ("min",), "avg": ("sum", "finite"), "l2norm": ("l2norm",),
@@ -73,16 +73,23 @@ def _dtype(name: str) -> torch.dtype:
     return value if isinstance(value, torch.dtype) else torch.float32
 
 
-def graph_rows(spec: dict[str, Any], rows: Sequence[Sequence[float]], root: str, keep_class: bool,
+def graph_rows(spec: dict[str, Any], rows: Sequence[Sequence[float]] | None, root: str, keep_class: bool,
                classes: dict[str, str] | None = None) -> list[GraphRow]:
     """The rows of one graph run; ``root`` is the scope of the module that ran it (``Default/net-Net``);
-    ``classes`` (qualified name -> class of its submodules) names containers as eager scopes do."""
+    ``classes`` (qualified name -> class of its submodules) names containers as eager scopes do.  ``rows`` None:
+    values still on their device; each row has none yet (:func:`filled` gives its statistics once read)."""
     prefix = ("Gradients/" if spec.get("backward") else "") + (root or "Default")
     out = []
     columns = spec.get("columns", ())
-    for entry, values in zip(spec["rows"], rows):
+    for entry, values in zip(spec["rows"], rows if rows is not None else [()] * len(spec["rows"])):
         cells = scope_parts(dict(enumerate(entry["stack"])), "root", keep_class, classes)[1:]  # the root: `root`
         scope = "/".join([prefix, *cells])
         shape = tuple(int(d) if str(d).isdigit() else 0 for d in entry["shape"])
         out.append(GraphRow(scope, str(entry["op"]), _dtype(str(entry["dtype"])), shape, dict(zip(columns, values))))
     return out
+
+
+def filled(row: GraphRow, columns: Sequence[str], categories: Sequence[str], values: Sequence[float]) -> list[Any]:
+    """:meth:`GraphRow.statistics` of ``row`` made without values, once its ``values`` (one per graph column of
+    ``columns``) are read back."""
+    return replace(row, values=dict(zip(columns, values))).statistics(categories)

@@ -20,16 +20,19 @@ On CUDA no check waits for the device (``sync=False``, the default): each tensor
 and read with the step's others once the step has ended, off the training thread
 (:mod:`obs.features.dump.device_flags`); the first bad place of the step is found from them, and reported without
 the tensors or exact counts (:mod:`obs.features.dump.nan_findings`, where ``action="raise"`` is raised later).
+Inductor-compiled graphs' NaN/Inf counts stay on the device too, walked in their place with the step's gates
+(with their exact counts).
 ``sync=True`` checks CUDA tensors as CPU ones are: a host sync per check, exact counts and the inputs.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import sys
 import warnings
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,12 +46,15 @@ from obs.features.dump._layout import op_type
 from obs.features.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
 from obs.features.dump.capture import outputs_in
 from obs.features.dump.device_flags import DeviceFlags
-from obs.features.dump.graph_rows import NONFINITE, graph_rows
+from obs.features.dump.graph_rows import NONFINITE, GraphRow, graph_rows
 from obs.features.dump.nan_findings import Findings, NonFiniteError
 from obs.features.dump.stats import nonfinite_counts
 from obs.runtime.steps import tracker
 from obs.runtime.torch._autograd_calls import AutogradCall
 from obs.runtime.torch._dynamo_polyfill import hidden_from_dynamo, skip_frames
+
+if TYPE_CHECKING:
+    from obs.runtime.torch._graph_taps import DeviceRows
 
 __all__ = ["NanCheck", "NonFiniteError"]
 
@@ -67,6 +73,10 @@ _KNOWN_MAX = 4096  # tensors known finite in one step, at most
 def _outputs_of(value: Any) -> Any:
     """:func:`~obs.features.dump.capture.outputs_in`, without the generator for the common case: one tensor."""
     return (("output", value),) if isinstance(value, torch.Tensor) else outputs_in(value)
+
+
+def _phase(spec: dict[str, Any]) -> str:
+    return "backward" if spec.get("backward") else "forward"
 
 
 class _QuietCompiledHookWarning:
@@ -345,19 +355,37 @@ class NanCheck:
         stack = SUPPRESSION.stack
         return stack[-1] if stack else ""
 
-    def _on_graph(self, spec: dict[str, Any], rows: list[list[float]] | None) -> None:
+    def _on_graph(self, spec: dict[str, Any], rows: list[list[float]] | DeviceRows | None) -> None:
+        """A compiled graph starts (``rows`` None) or ends with its statistics: read (the first row with NaN/Inf is
+        reported now), or still on the device (DeviceRows: walked with the step's gates, after the step)."""
         if rows is None:
             if not spec.get("backward") and SUPPRESSION.stack:
                 self._graph_root = SUPPRESSION.stack[-1]
             return
         if self.done or self._step_reported == tracker.step or (spec.get("backward") and not self.backward):
             return
-        for row in graph_rows(spec, rows, self._graph_root, self._keep_class):
-            counts = row.nonfinite
-            if any(counts):
-                phase = "backward" if spec.get("backward") else "forward"
-                self._found(phase, "op", row.scope, op_type(row.op.removeprefix("aten.")), counts, "output", [])
+        if not isinstance(rows, list):
+            if self.flags is not None:
+                self.flags.check_values(rows.values, tracker.step,
+                                        functools.partial(self._walk_graph, spec, rows, self._graph_root))
                 return
+            rows = rows.read()  # sync: checked where the graph ran
+        row = self._first_bad(spec, rows, self._graph_root)
+        if row is not None:
+            self._found(_phase(spec), "op", row.scope, op_type(row.op.removeprefix("aten.")), row.nonfinite,
+                        "output", [])
+
+    def _first_bad(self, spec: dict[str, Any], rows: list[list[float]], root: str) -> GraphRow | None:
+        return next((row for row in graph_rows(spec, rows, root, self._keep_class) if any(row.nonfinite)), None)
+
+    def _walk_graph(self, spec: dict[str, Any], rows: DeviceRows, root: str, step: int, values: list[float]) -> bool:
+        """A compiled graph's rows read back after ``step`` (on the poller's thread): its first row with NaN/Inf is
+        the finding, as :meth:`_on_graph` makes it (with its counts), unless one came first."""
+        row = self._first_bad(spec, rows.split(values), root)
+        if row is None:
+            return not self.done
+        return self._findings.report_counted_later(step, _phase(spec), "op", row.scope,
+                                                   op_type(row.op.removeprefix("aten.")), row.nonfinite, "output")
 
     # -- reporting ------------------------------------------------------------------------------
     def _found(self, phase: str, kind: str, scope: str, op: str, counts: tuple[int, int, int], where: str,

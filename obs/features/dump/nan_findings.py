@@ -2,7 +2,9 @@
 
 A finding is made either where the check read the tensor (:meth:`Findings.report`: exact counts, the inputs and the
 bad tensor in the capture, ``action="raise"`` raises right there), or from a step's device gates read after the step
-(:meth:`Findings.report_later`, on the poller's thread: :mod:`obs.features.dump.device_flags`).  A late finding
+(:meth:`Findings.report_later`, on the poller's thread: :mod:`obs.features.dump.device_flags`), or from the counts a
+compiled graph computed on the device, read after the step (:meth:`Findings.report_counted_later`: exact counts, no
+tensors, no Python stack, raised as late findings are).  A late finding
 knows the place, the step and which of NaN, +Inf, -Inf the tensor held (a NaN hides the infinities), not how many:
 the tensors are gone, so its capture has ``meta.json`` alone, says so (``counted``: false, ``tensors``), and its
 counts are null.  With ``action="raise"`` its error is kept and raised on the training thread by the next check
@@ -44,6 +46,12 @@ def kinds(low: float, high: float) -> list[str]:
     return [name for name, bad in (("+Inf", high == math.inf), ("-Inf", low == -math.inf)) if bad]
 
 
+def _counted(counts: tuple[int, int, int]) -> tuple[dict[str, Any], str]:
+    """A finding's fields and message tail from its NaN, +Inf and -Inf counts."""
+    return {"nan": counts[0], "pos_inf": counts[1], "neg_inf": counts[2]}, \
+        f"{counts[0]} NaN, {counts[1]} +Inf, {counts[2]} -Inf"
+
+
 class Findings:
     """The findings of one check; ``on_report(step, late)`` is called (under a lock) when one is made (``late``:
     by :meth:`report_later`)."""
@@ -64,14 +72,27 @@ class Findings:
                where: str, groups: list[tuple[str, Any]], frame: FrameType | None) -> None:
         """A finding where the tensor was read (``frame``: the user's code that made it): capture, FAULT, and the
         raise of ``action="raise"``."""
-        tail = f"{counts[0]} NaN, {counts[1]} +Inf, {counts[2]} -Inf"
-        fields = {"nan": counts[0], "pos_inf": counts[1], "neg_inf": counts[2]}
-        made = self._make(step, phase, kind, scope, op, where, fields, tail, groups, frame, False)
+        made = self._make(step, phase, kind, scope, op, where, *_counted(counts), groups, frame, False)
         if made is not None:
             error, place = made
             bus.emit(Event.FAULT, "nan_inf", place, error)
             if self.action == "raise":
                 raise error
+
+    def report_counted_later(self, step: int, phase: str, kind: str, scope: str, op: str,
+                             counts: tuple[int, int, int], where: str) -> bool:
+        """A finding with exact counts made off the training thread (a compiled graph's statistics, read after the
+        step): :meth:`report`'s, without a Python stack, its error raised as :meth:`report_later`'s; False once no
+        more can be made."""
+        if self.done:
+            return False
+        made = self._make(step, phase, kind, scope, op, where, *_counted(counts), [], None, True)
+        if made is not None:
+            error, place = made
+            bus.emit(Event.FAULT, "nan_inf", place, error)
+            if self.action == "raise":
+                self.pending = error
+        return not self.done
 
     def report_later(self, step: int, label: tuple[str, str, str, str, str], low: float, high: float) -> bool:
         """A finding from a step's device gates (``label``: phase, kind, scope, op, where); False once no more

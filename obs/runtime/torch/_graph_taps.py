@@ -10,7 +10,9 @@ back.  Every node is tapped where a feature asks for all (the data dump, the NaN
 else only the nodes whose value leaves their module (the NaN check at module granularity: a module's own
 masks, such as attention's ``-inf``, are not its output).  Each graph starts with a call of
 ``obs::graph_begins`` and ends with one of ``obs::graph_stats`` (custom ops with side effects) taking the
-reductions as one tensor; both publish GRAPH_STATS while someone listens.  ``spec`` says which columns,
+reductions as one tensor; both publish GRAPH_STATS while someone listens.  On CUDA the statistics are not read
+back there (a host sync per graph call): GRAPH_STATS carries them on the device (:class:`DeviceRows`), for the
+features to read with the step's other device values.  ``spec`` says which columns,
 and per row the node's op, its module stack (as Dynamo recorded it), dtype and shape, and whether the
 graph is a backward graph.
 
@@ -25,6 +27,7 @@ import hashlib
 import math
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,7 +36,7 @@ from obs._core.demands import demands
 from obs._core.events import Event, bus
 from obs._core.internal import report_internal_error, suppressed
 
-__all__ = ["COLUMNS", "GraphStatsPass", "listen", "wanted"]
+__all__ = ["COLUMNS", "DEFER_CPU", "DeviceRows", "GraphStatsPass", "listen", "wanted"]
 
 #: the reductions a tapped output can have, in the order of GRAPH_STATS' values (``spec["columns"]`` says which)
 COLUMNS = ("max", "min", "sum", "finite", "l2norm", "nan", "pos_inf", "neg_inf", "zero")
@@ -43,15 +46,43 @@ _specs: list[dict[str, Any]] = []  # spec id -> what the rows of that graph's te
 _listening = [False]
 
 
+#: whether CPU graphs' statistics stay on their device too, as CUDA ones do (the tests drive that path on the CPU)
+DEFER_CPU = False
+
+
+class DeviceRows:
+    """One graph call's statistics, still on its device: ``values`` (float32, ``width`` per row, row after row) is a
+    copy of the graph's own, which nothing writes again.  Nothing is read back: a subscriber keeps ``values`` to read
+    them later, with its other device values, and makes the rows of them with :meth:`split`."""
+
+    __slots__ = ("values", "width")
+
+    def __init__(self, values: torch.Tensor, width: int) -> None:
+        self.values, self.width = values, width
+
+    def split(self, flat: Sequence[float]) -> list[list[float]]:
+        """The rows of ``values`` once read back (``flat``: its elements, in order)."""
+        k = self.width
+        return [list(flat[i:i + k]) for i in range(0, len(flat), k)]
+
+    def read(self) -> list[list[float]]:
+        """The rows, read back now (on CUDA: a host sync), for a subscriber that checks where the graph runs."""
+        return self.split(self.values.tolist())
+
+
 @torch.library.custom_op("obs::graph_stats", mutates_args=())
 def graph_stats(values: torch.Tensor, spec: int) -> None:
     """Publish one compiled graph's statistics (``values[k i : k i + k]`` is row ``i`` of spec ``spec``, ``k`` the
-    number of its columns)."""
+    number of its columns): rows of floats, or on CUDA (and the CPU with :data:`DEFER_CPU`) a :class:`DeviceRows`."""
     if not _listening[0]:
         return
     try:
         with suppressed():
-            flat, k = values.tolist(), len(_specs[spec]["columns"])
+            k = len(_specs[spec]["columns"])
+            if values.is_cuda or DEFER_CPU:  # no read-back: the graph's buffer may be reused once it returns
+                bus.emit(Event.GRAPH_STATS, _specs[spec], DeviceRows(values.detach().clone(), k))
+                return
+            flat = values.tolist()
             rows = [flat[i:i + k] for i in range(0, len(flat), k)]
             bus.emit(Event.GRAPH_STATS, _specs[spec], rows)
     except Exception as exc:  # noqa: BLE001 - reported; the compiled step goes on

@@ -19,6 +19,13 @@ import json, os, sys
 import torch, obs
 
 feature, folder, graph_break = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if sys.argv[4] == "1":  # the graphs' statistics and the eager gates read after the step, as on CUDA
+    import functools
+    from obs.features.dump import device_flags, nan_check
+    from obs.runtime.torch import _graph_taps
+    os.environ["OBS_NATIVE_DUMP"] = "0"  # the C++ module check reads CPU tensors where they are made
+    _graph_taps.DEFER_CPU = True
+    nan_check.DeviceFlags = functools.partial(device_flags.DeviceFlags, cpu=True)
 
 class Masked(torch.nn.Module):
     """Attention's causal mask: -inf by design, built from the shape alone (no data of the step)."""
@@ -82,11 +89,13 @@ print(json.dumps({"plain": plain, "with_obs": with_obs, "plain_frames": plain_fr
 '''
 
 
-def run(tmp_path, feature: str, graph_break: bool = False) -> dict:
+def run(tmp_path, feature: str, graph_break: bool = False, defer: bool = False) -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, str(script), feature, str(tmp_path), "1" if graph_break else "0"],
+    done = subprocess.run([sys.executable, str(script), feature, str(tmp_path), "1" if graph_break else "0",
+                           "1" if defer else "0"],
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -133,3 +142,25 @@ def test_a_mask_that_is_minus_inf_by_design_is_no_finding_of_the_module_check(tm
     out = run(tmp_path, "mask")
     assert out["with_obs"] == out["plain"]
     assert not (tmp_path / "rank_0" / "nan_check").exists()
+
+
+@pytest.mark.parametrize("feature", ["dump", "nan"])
+def test_statistics_read_after_the_step_give_the_same_rows_and_findings(tmp_path, feature):
+    """The CUDA path (the graph's statistics kept on the device, read by a poller after the step, in their place
+    among the step's other device values), driven through Inductor's CPU code."""
+    now, later = run(tmp_path / "now", feature), run(tmp_path / "later", feature, defer=True)
+    assert later["with_obs"] == now["with_obs"] or feature == "nan"  # NaN losses
+    assert later["frames"] == now["frames"]
+    if feature == "dump":
+        for iteration in (0, 1):
+            want, got = rows(tmp_path / "now", iteration), rows(tmp_path / "later", iteration)
+            assert len(got) == len(want) > 10
+            assert [{k: v for k, v in r.items() if k != "Timestamp"} for r in got] == \
+                [{k: v for k, v in r.items() if k != "Timestamp"} for r in want]
+        return
+
+    def findings(folder):
+        metas = [json.loads((d / "meta.json").read_text()) for d in sorted((folder / "rank_0" / "nan_check").iterdir())]
+        return [{k: v for k, v in m.items() if k not in ("python_stack", "capture")} for m in metas]
+
+    assert findings(tmp_path / "later") == findings(tmp_path / "now") != []
