@@ -2,9 +2,9 @@
 
 :class:`RingFollower` maps the file read-only and returns, per :meth:`poll`, the slots it had not
 returned before.  A slot is returned once it is settled: its seq was already visible at the previous
-poll (the writer finished it long since), or the writer is gone (``final=True``).  Slots overwritten
-before they were read are counted in :attr:`lost` (per ring): the exporter fell further behind than
-the ring holds.
+poll (the writer finished it long since), or the writer is gone (``final=True``); each ring's slots in idx order,
+without a hole (:meth:`RingFollower._run`).  Slots overwritten before they were read are counted in :attr:`lost`
+(per ring): the exporter fell further behind than the ring holds.
 
 :class:`StepAssembler` turns slots into :class:`exporters.spans.StepRecord` objects: a step is
 finished when the next one begins, when nothing was written for ``settle_ns`` after its end, or at
@@ -25,10 +25,11 @@ from exporters.device_join import DeviceJoin
 from exporters.spans import ModuleCall, OpCall, Phase, StepRecord
 from obs._core import safe_files
 from recorder.layout import PHASE_NAMES, STEP_TIMED, STRINGS_USED_AT, Header, Kind
-from recorder.ring_reader import SLOT_DTYPE, read_blobs, read_strings, region_slots
+from recorder.ring_reader import SLOT_DTYPE, read_blobs, read_strings
 
 __all__ = ["PHASE_NAMES", "RingFollower", "StepAssembler"]
 _U64 = struct.Struct("<Q")
+_HOLE_POLLS = 10  # a missing slot whose place still holds an older one is waited for this many polls (1 s)
 
 
 class RingFollower:
@@ -47,6 +48,8 @@ class RingFollower:
         self._strings_at = 0
         self._last_idx = {r.name: 0 for r in self.header.rings}
         self._settled_seq = 0
+        self._last_seq = {r.name: 0 for r in self.header.rings}  # seq of the last slot returned, per ring
+        self._hole: dict[str, tuple[int, int]] = {}  # per ring: the missing idx waited for, and for how many polls
         self._last_blob = 0
         self.lost = {r.name: 0 for r in self.header.rings}
         self.markers: list[dict[str, Any]] = []  #: marker blobs read so far (the trainer's identity, once known)
@@ -75,7 +78,9 @@ class RingFollower:
         self._read_markers()
         parts, top = [], self._settled_seq
         for region in self.header.rings:
-            slots = region_slots(self._mm, region)
+            # The live slots, not a copy: a copy of every ring per poll is 17 MiB allocated and freed 10 times a
+            # second, which leaves the exporter's heap in pieces.  Only the new slots are copied (``slots[where]``).
+            slots = np.frombuffer(self._mm, SLOT_DTYPE, region.capacity, region.offset)
             where = np.nonzero(slots["idx"] > np.uint64(self._last_idx[region.name]))[0]
             if not len(where):
                 continue
@@ -85,17 +90,46 @@ class RingFollower:
             new = new[(new["seq"] > 0) & ((new["idx"] - np.uint64(1)) % np.uint64(region.capacity)
                                           == where.astype(np.uint64))]
             ready = new if final else new[new["seq"] <= np.uint64(self._settled_seq)]
-            if not len(ready):
-                continue
-            first, last = int(ready["idx"].min()), int(ready["idx"].max())
-            self.lost[region.name] += max(0, first - self._last_idx[region.name] - 1)
-            self._last_idx[region.name] = last
-            parts.append(ready)
+            ready = self._run(region, slots, ready[np.argsort(ready["idx"], kind="stable")], final)
+            if len(ready):
+                parts.append(ready)
         self._settled_seq = top
         if not parts:
             return np.empty(0, SLOT_DTYPE)
         merged = np.concatenate(parts)
         return merged[np.argsort(merged["seq"], kind="stable")]
+
+    def _run(self, region: Any, slots: np.ndarray, ready: np.ndarray, final: bool) -> np.ndarray:
+        """Of one ring's settled slots (sorted by idx), those that follow the last one returned, each once.
+
+        The run stops at a missing idx, and at a slot whose seq is a ring older than the slot before it: the slot
+        being written, read as its new idx with the seq of the slot it replaces (the writer packs field by field,
+        and a copy of the region need not read a slot's bytes in order).  Returning the slots after it would skip
+        it, and the unsettled slots before it, for good.  What stops the run is waited for; it is lost (counted in
+        :attr:`lost`, with the idx after it up to the next slot returned) once its place holds a later slot
+        (overwritten: the exporter fell a ring behind), after ``_HOLE_POLLS`` polls, or at the final poll."""
+        name = region.name
+        if not len(ready):
+            return ready
+        idx, seq = ready["idx"].astype(np.int64), ready["seq"].astype(np.int64)
+        prev_idx = np.concatenate(([self._last_idx[name]], idx[:-1]))
+        prev_seq = np.concatenate(([self._last_seq[name]], seq[:-1]))
+        # Another writer thread can put a slot's seq a little below its predecessor's; a ring's worth is a stale one.
+        breaks = np.nonzero((idx != prev_idx + 1) | (seq <= prev_seq - (region.capacity - 1)))[0]
+        for at in breaks.tolist():
+            missing = int(prev_idx[at]) + 1
+            if not final and int(slots["idx"][(missing - 1) % region.capacity]) <= missing:
+                hole, polls = self._hole.get(name, (0, 0))
+                polls = polls + 1 if hole == missing else 1
+                self._hole[name] = (missing, polls)
+                if polls < _HOLE_POLLS:
+                    ready = ready[:at]
+                    break
+            self.lost[name] += int(idx[at]) - missing
+        if len(ready):
+            self._last_idx[name] = int(ready["idx"][-1])
+            self._last_seq[name] = int(ready["seq"][-1])
+        return ready
 
     def close(self) -> None:
         self._mm.close()

@@ -5,7 +5,9 @@ It ends when the trainer closes its end of the stdin pipe, or dies however it di
 parent pid changes): it then reads what is left in the ring, which outlives the trainer, exports it,
 writes ``status_<trainer pid>.json`` (counts and the summary) and removes the ring.  Also runnable on
 a thread (:func:`run` with an ``alive`` callable) where no process can be started.  With ``metrics`` it also
-records each step's metrics (:mod:`exporters.metrics`) and serves or sends them.
+records each step's metrics (:mod:`exporters.metrics`) and serves or sends them.  The exporter of a restarted
+session (a hot reload) begins once the earlier session's exporter has ended (``after``) and keeps the statuses of
+the trainer's earlier sessions in its own (``previous``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 from obs._core import env
 
 __all__ = ["ExportConfig", "Exporter", "main", "run"]
+
+_AFTER_WAIT_S = 30.0  # the longest wait for an earlier session's exporter (one that crashed leaves its ring)
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,9 @@ class ExportConfig:
     prometheus_port: int = 9464  #: this rank's (the base port plus LOCAL_RANK)
     batch_size: int = 0
     tokens_per_step: int = 0
+    #: rings of this trainer's earlier sessions whose exporters may still write to ``folder`` (each removes its ring
+    #: last): this one starts once they are gone, so the folder's trace and status files have one writer at a time
+    after: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -54,6 +61,7 @@ class ExportConfig:
         data = json.loads(text)
         data["levels"] = tuple(data.get("levels", ("training_trace",)))
         data["metrics"] = tuple(data.get("metrics", ()))
+        data["after"] = tuple(data.get("after", ()))
         return cls(**data)
 
 
@@ -71,8 +79,8 @@ class Exporter:
     def __init__(self, config: ExportConfig) -> None:
         from exporters.follow import RingFollower, StepAssembler
         from exporters.otlp import endpoint_from_env, protocol_from_env, resource
+        from exporters.running_summary import RunningSummary
         from exporters.step_filter import parse_steps
-        from exporters.summary import SummaryBuilder
 
         self.config = config
         self.follower = RingFollower(config.ring)
@@ -80,7 +88,7 @@ class Exporter:
         self.rank, self.world_size, self.run_id = header.rank, header.world_size, str(header.meta.get("run_id", ""))
         self.assembler = StepAssembler(self.follower)
         self.selection = parse_steps(config.steps)
-        self.summary = SummaryBuilder()
+        self.summary = RunningSummary()  # bounded: a run may last weeks
         self.counts = Counts()
         self.resource = resource(header.meta, rank=header.rank, world_size=header.world_size, pid=header.pid)
         self.notes: list[str] = []
@@ -105,6 +113,7 @@ class Exporter:
             self.jsonl = OtlpJsonWriter(config.folder, limit)
             self.chrome = ChromeTraceWriter(config.folder, limit, rank=header.rank, pid=header.pid)
         self._shown_drops = 0
+        self.previous = self._previous()
         self._last_step: int | None = None
         self.lost_steps = 0  #: steps overwritten in the ring before the exporter read them
         self.metrics: Any = None
@@ -205,23 +214,42 @@ class Exporter:
     def dropped_total(self) -> int:
         return sum(self.dropped().values())
 
+    def _status_path(self) -> str:
+        return os.path.join(self.config.folder, f"status_{self.config.trainer_pid}.json")
+
+    def _previous(self) -> list[dict[str, Any]]:
+        """The statuses of this trainer's earlier sessions in the folder (their exporters ended: see ``after``), kept
+        in ``previous``: the status file is per trainer process, and a hot reload may restart its session."""
+        if not self.config.after:
+            return []
+        from obs._core import safe_files
+
+        try:
+            earlier = json.loads(safe_files.read_private(self._status_path(), limit=1 << 24))
+        except (OSError, ValueError):
+            return []
+        if not isinstance(earlier, dict) or earlier.get("ring") not in self.config.after:
+            return []
+        before = earlier.pop("previous", None)
+        return [*(before if isinstance(before, list) else []), earlier]
+
     def status(self, *, done: bool) -> dict[str, Any]:
         files = [] if self.jsonl is None else self.jsonl.file.written + self.chrome.file.written
-        return {"done": done, "trainer_pid": self.config.trainer_pid, "rank": self.rank, "run_id": self.run_id,
-                "endpoint": self.endpoint, "protocol": self.protocol if self.endpoint else "", "files": files,
-                "steps": self.counts.steps, "spans": self.counts.spans,
+        return {"done": done, "trainer_pid": self.config.trainer_pid, "ring": self.config.ring, "rank": self.rank,
+                "run_id": self.run_id, "endpoint": self.endpoint, "protocol": self.protocol if self.endpoint else "",
+                "files": files, "steps": self.counts.steps, "spans": self.counts.spans,
                 "exported": self.sender.exported if self.sender is not None else self.counts.written,
                 "dropped": self.dropped(), "last_error": getattr(self.sender, "last_error", ""),
                 "ring_overrun": {"steps": self.lost_steps, "events": sum(self.follower.lost.values())},
                 "metrics": self.metrics.status() if self.metrics is not None else None,
                 "notes": self.notes + (self.metrics.notes if self.metrics is not None else []),
-                "summary": self.summary.result(dropped=self.dropped(), endpoint=self.endpoint).as_dict()}
+                "summary": self.summary.result(dropped=self.dropped(), endpoint=self.endpoint).as_dict(),
+                "previous": self.previous}
 
     def write_status(self, *, done: bool) -> None:
         from obs._core import safe_files
 
-        path = os.path.join(self.config.folder, f"status_{self.config.trainer_pid}.json")
-        safe_files.write_atomic(path, json.dumps(self.status(done=done), indent=1), fsync=done)
+        safe_files.write_atomic(self._status_path(), json.dumps(self.status(done=done), indent=1), fsync=done)
 
     def close(self) -> None:
         if self.sender is not None:
@@ -242,6 +270,9 @@ class Exporter:
 
 def run(config: ExportConfig, alive: Callable[[float], bool]) -> Exporter:
     """Export until ``alive(timeout)`` (which waits up to ``timeout`` seconds) says the trainer is gone."""
+    deadline = time.monotonic() + _AFTER_WAIT_S
+    while any(os.path.exists(ring) for ring in config.after) and time.monotonic() < deadline:
+        time.sleep(config.poll_s)  # the trainer's ring holds what it writes meanwhile
     exporter = Exporter(config)
     last_status = time.monotonic()
     while alive(config.poll_s):

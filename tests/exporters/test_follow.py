@@ -1,11 +1,13 @@
-"""Following a ring as it fills: settled slots only, in order, each once; an overrun is counted, not hidden."""
+"""Following a ring as it fills: settled slots only, in order, each once; an overrun is counted, not hidden; a slot
+read mid-write or still being written is neither returned nor skipped past."""
 
 from __future__ import annotations
 
 import os
+import struct
 
-from exporters.follow import RingFollower, StepAssembler
-from recorder.layout import Kind
+from exporters.follow import _HOLE_POLLS, RingFollower, StepAssembler
+from recorder.layout import SLOT, Kind
 from recorder.ring import RingWriter
 
 CAP = {"step": 32, "module": 16, "op": 16, "memory": 16, "collective": 16, "blob": 16}
@@ -91,3 +93,59 @@ def test_the_exporter_counts_the_steps_an_overrun_cost(tmp_path):
     assert status["dropped"]["ring_overrun"] == exporter.lost_steps * 2  # 2 spans per exported step (step, forward)
     exporter.close()
     w.close(remove=True)
+
+
+def _slot_at(w, idx):
+    region = w.rings["step"]
+    return region.offset + (idx - 1) % region.capacity * SLOT.size
+
+
+def _idx(polls):
+    """The idx of the slots returned by ``polls``, in the order returned."""
+    return [int(i) for slots in polls for i in slots["idx"]]
+
+
+def test_a_slot_read_mid_write_with_its_new_idx_and_an_old_seq_is_not_taken_for_settled(tmp_path):
+    """The writer packs a slot field by field and a copy of the region need not read its bytes in order: the newest
+    slot can read as its new idx with the seq of the slot it replaces.  Returning it would skip every slot between
+    the last one returned and it (they are not settled yet), for good and uncounted."""
+    w = ring(str(tmp_path))
+    append = w.appender("step")
+    f = RingFollower(w.path)
+    for n in (1, 2, 3):
+        step(append, n)
+    got = [f.poll(), f.poll()]
+    step(append, 4)
+    step(append, 5)  # idx 10..15
+    at = _slot_at(w, 15)
+    whole = bytes(w._mm[at:at + SLOT.size])
+    w._mm[at:at + 8] = struct.pack("<Q", 1)  # the seq not written yet: an old one
+    got.append(f.poll())
+    w._mm[at:at + SLOT.size] = whole  # the write ends
+    got += [f.poll(), f.poll(final=True)]
+    assert _idx(got) == list(range(1, 16))
+    assert f.lost["step"] == 0
+    w.close(remove=True)
+    f.close()
+
+
+def test_a_slot_another_thread_still_writes_is_waited_for_and_one_never_written_is_counted(tmp_path):
+    w = ring(str(tmp_path))
+    append = w.appender("step")
+    f = RingFollower(w.path)
+    step(append, 1)  # idx 1..3
+    late = next(w._counters["step"])  # idx 4: a thread drew it, then lost the core before writing
+    step(append, 2)  # idx 5..7
+    f.poll()
+    got = [f.poll()]
+    assert _idx(got) == [1, 2, 3]  # not 5..7: that would skip 4 for good
+    SLOT.pack_into(w._mm, _slot_at(w, late + 1), next(w.seq), late + 1, 0, Kind.PHASE, 0, 2, 1, 0, 1)
+    got += [f.poll(), f.poll()]
+    assert _idx(got) == [1, 2, 3, 5, 6, 7, 4] and f.lost["step"] == 0  # in seq order: 4 was written last
+
+    next(w._counters["step"])  # idx 8: never written (its thread died)
+    step(append, 3)  # idx 9..11
+    waited = [f.poll() for _ in range(_HOLE_POLLS + 1)]
+    assert _idx(waited) == [9, 10, 11] and f.lost["step"] == 1
+    w.close(remove=True)
+    f.close()

@@ -4,7 +4,8 @@
 While it is on, a :class:`obs.features.profiler.profile_session.ProfileSession` records step, phase (and module, op)
 timings into its ring and an exporter process turns them into spans.  A change of settings (a
 hot reload is applied at a step boundary, on the training thread) ends the session in force (its
-exporter drains and ends on its own) and starts one for the new settings; switching off ends it.  The capture window
+exporter drains and ends on its own) and starts one for the new settings, whose exporter begins writing once that one
+has ended (one writer at a time for the folder's files); switching off ends it.  The capture window
 (``profiler.window``) is the exception: its change goes to the session in force
 (:meth:`ProfileSession.configure_window`), which switches its module / op subscriptions at step boundaries.
 At exit the last session is closed, its status handed to each of ``exit_listeners`` (``obs run`` /
@@ -92,7 +93,7 @@ class ProfilerFeature:
         run_id, run_id_known = _run_id()
         rank_known = rdr._rank_known() or multiprocessing.parent_process() is None  # not spawned: rank 0 of 1
         self.session = ProfileSession(want, rank=rank(), world_size=world_size(), run_id=run_id,
-                                      versions=rdr._versions(), rank_known=rank_known)
+                                      versions=rdr._versions(), rank_known=rank_known, earlier=self._closing)
         self.request = want
         if not (run_id_known and rank_known):
             from obs.runtime.steps import tracker

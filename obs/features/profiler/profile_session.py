@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from obs._core import outputs, safe_files
@@ -73,7 +74,9 @@ class ProfileSession:
     _serial = 0
 
     def __init__(self, request: ProfileRequest, *, rank: int, world_size: int, run_id: str,
-                 versions: dict[str, str], rank_known: bool = True) -> None:
+                 versions: dict[str, str], rank_known: bool = True, earlier: Sequence[ProfileSession] = ()) -> None:
+        """``earlier``: this process's sessions before this one (a hot reload restarted the profiler): where one wrote
+        to the same folder, this session's exporter begins once that one's has ended."""
         from recorder.ring import RingWriter
 
         ProfileSession._serial += 1
@@ -91,6 +94,7 @@ class ProfileSession:
                                meta={"run_id": run_id, "host": socket.gethostname(), "versions": versions,
                                      "profile": list(request.levels), "argv": sys.argv[:4]})
         self.status_path = os.path.join(self.folder, f"status_{self.pid}.json")
+        self._after = tuple(s.ring_path for s in earlier if s.folder == self.folder)
         self._subs = RingSubscriptions(self.ring)
         self._modules = RingSubscriptions(self.ring)  # the base level's module subscription
         #: device time (CUDA events) while CUDA is in use; replaced at each (re)subscription
@@ -285,7 +289,7 @@ class ProfileSession:
                             endpoint=r.endpoint, protocol=r.protocol, steps=r.steps, span_budget=r.span_budget,
                             module_depth=r.module_depth, max_file_mb=r.max_file_mb, trainer_pid=self.pid,
                             metrics=r.metrics, prometheus_host=r.prometheus[0], prometheus_port=r.prometheus[1],
-                            batch_size=r.batch_size, tokens_per_step=r.tokens_per_step)
+                            batch_size=r.batch_size, tokens_per_step=r.tokens_per_step, after=self._after)
 
     def _start_exporter(self) -> None:
         config = self._config()
@@ -380,7 +384,7 @@ class ProfileSession:
             self._thread.join(max(0.0, deadline - time.monotonic()))
             if self._thread.is_alive():
                 return None
-        self.status = _read_status(self.status_path)
+        self.status = _own_status(_read_status(self.status_path), self.ring_path)
         if self.status is not None:
             for path in self.status.get("files", []):
                 if os.path.exists(path):
@@ -412,6 +416,15 @@ def _off_training_cores(pid: int) -> None:
             os.sched_setaffinity(pid, others)
     except (AttributeError, OSError):
         pass
+
+
+def _own_status(status: dict[str, Any] | None, ring: str) -> dict[str, Any] | None:
+    """A session's status in its trainer's status file: the file's own, or one of its ``previous`` (a later session's
+    exporter took the file over)."""
+    if status is None or status.get("ring", ring) == ring:
+        return status
+    found = [s for s in status.get("previous") or () if isinstance(s, dict) and s.get("ring") == ring]
+    return found[-1] if found else None
 
 
 def _read_status(path: str) -> dict[str, Any] | None:
