@@ -87,11 +87,7 @@ class Findings:
         if self.done:
             return False
         made = self._make(step, phase, kind, scope, op, where, *_counted(counts), [], None, True)
-        if made is not None:
-            error, place = made
-            bus.emit(Event.FAULT, "nan_inf", place, error)
-            if self.action == "raise":
-                self.pending = error
+        self._raise_later(made)
         return not self.done
 
     def report_later(self, step: int, label: tuple[str, str, str, str, str], low: float, high: float) -> bool:
@@ -107,12 +103,16 @@ class Findings:
                   "tensors": _NOT_KEPT}
         tail = " and ".join(found) + " (read at the step's end, not counted)"
         made = self._make(step, phase, kind, scope, op, where, fields, tail, [], None, True)
+        self._raise_later(made)
+        return not self.done
+
+    def _raise_later(self, made: Any) -> None:
+        """A late finding's FAULT, and its error kept for :meth:`raise_pending` (``action="raise"``)."""
         if made is not None:
             error, place = made
             bus.emit(Event.FAULT, "nan_inf", place, error)
             if self.action == "raise":
                 self.pending = error
-        return not self.done
 
     def raise_pending(self) -> None:
         """Raise a late finding's error (``action="raise"``) on the calling thread, once."""
