@@ -109,6 +109,7 @@ def test_analyze_finds_the_same_first_mismatch_from_the_table_and_from_the_lines
             if rank == 2:
                 ops = ops[:149] + [(150, {"op": "all_reduce", "sizes": [[8]]}, "completed")] + ops[150:280]
             bundle = write_rank(tmp_path / variant, rank, 3, ops, steps=4)
+            assert os.path.getsize(os.path.join(bundle, "collectives.bin")) > 0  # what the "table" variant reads
             if variant == "lines":
                 for name in files:
                     os.unlink(os.path.join(bundle, name))

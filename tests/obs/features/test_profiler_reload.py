@@ -5,20 +5,9 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 import obs
 from obs import profiling
-
-
-def _train(steps: int) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x in obs.steps([torch.randn(4, 8) for _ in range(steps)]):
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
+from tests.obs.features.test_device_time import _train
 
 
 def test_a_reload_that_restarts_the_profiler_loses_no_step_and_keeps_both_sessions_files(tmp_path):
