@@ -10,12 +10,12 @@ DistributedDataParallel model; in each round both switch between variants in the
 
 - ``plain``: obs off; DDP reduces its buckets in C++ (no hook).  PyTorch's Flight Recorder is on, as
   torch 2.13 has it by default (2,000 entries) and as obs sets it.
-- ``rdr step``: the RDR records steps and collectives; DDP's buckets are on record through the
-  Flight Recorder (read at dump time): nothing of obs runs per bucket.
-- ``rdr module``: the RDR's default granularity (modules too).
-- ``DDP relay, obs off``: a model with obs's comm-hook relay (the fallback where the Flight Recorder
-  does not record the group), obs off: PyTorch's allreduce_hook in Python, the relay's own cost.
-- ``rdr step, relay (fallback)``: the relay recording each bucket (scheduled and completed).
+- ``rdr step``: the RDR records steps and collectives; the model, built while obs records, has obs's
+  comm-hook relay: each bucket on record as it is issued (scheduled and completed), what ``obs top`` reads.
+- ``rdr step, buckets from the Flight Recorder``: the same on a model built before obs (no relay: DDP
+  reduces in C++, its buckets read from the Flight Recorder at dump time): nothing of obs runs per bucket.
+- ``rdr module``: the RDR's default granularity (modules too), on the model without the relay.
+- ``DDP relay, obs off``: the model with the relay, obs off: its reduction in Python, the relay's own cost.
 - ``plain, TORCH_FR_BUFFER_SIZE=0``: on one rank, jobs of their own beside the others (the buffer size
   is read when the group is made): what the Flight Recorder itself costs, obs or not.
 
@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -49,7 +50,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import obs
-from obs.runtime.torch._ddp import DdpHooks
 
 from _harness import Workload, measure, measure_rounds, paired_ratios, report
 
@@ -86,6 +86,15 @@ def _rdr(tmp: str, granularity: str):
     return setup
 
 
+def _relayed(tmp: str) -> Workload:
+    """The model built while obs records: it has the relay."""
+    stop = _rdr(tmp, "step")()
+    model = torch.nn.parallel.DistributedDataParallel(_model(0))
+    stop()
+    assert hasattr(model, "_obs_relay")
+    return _workload(model, "relayed")
+
+
 def _boundary_us(n: int = 20000) -> float:
     """obs's own work at a step boundary with the RDR on (the optimizer hooks' begin and end: two ring events)."""
     from obs.runtime.steps import tracker
@@ -117,17 +126,11 @@ def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) 
         dist.destroy_process_group()
         shutil.rmtree(tmp, ignore_errors=True)
         return
-    stop = _rdr(tmp, "step")()
-    built = torch.nn.parallel.DistributedDataParallel(_model(0))  # built while recording: no relay (Flight Recorder)
-    DdpHooks.use_flight_recorder = False
-    model = torch.nn.parallel.DistributedDataParallel(_model(0))  # the fallback's relay, forced
-    DdpHooks.use_flight_recorder = True
-    stop()
-    assert hasattr(model, "_obs_relay") and "_obs_relay" not in built.__dict__ and "_obs_relay" not in plain.__dict__
-    relayed = _workload(model, "relayed")
-    variants = {"plain": (plain, None), "rdr step": (plain, _rdr(tmp, "step")),
-                "rdr module": (plain, _rdr(tmp, "module")), "DDP relay, obs off": (relayed, None),
-                "rdr step, relay (fallback)": (relayed, _rdr(tmp, "step"))}
+    relayed = _relayed(tmp)
+    assert "_obs_relay" not in plain.__dict__
+    variants = {"plain": (plain, None), "rdr step": (relayed, _rdr(tmp, "step")),
+                FR_ROUTE: (plain, _rdr(tmp, "step")), "rdr module": (plain, _rdr(tmp, "module")),
+                "DDP relay, obs off": (relayed, None)}
     current = {"workload": plain}
 
     def switch(name):
@@ -167,7 +170,9 @@ def _rank(rank: int, world: int, store: str, rounds: int, steps: int, out: str) 
 
 
 FR_OFF = "plain, TORCH_FR_BUFFER_SIZE=0 (own jobs)"
-COUNTED = ("plain", "rdr step", "rdr module")  #: the variants whose instructions per step --instructions counts
+FR_ROUTE = "rdr step, buckets from the Flight Recorder"
+#: the variants whose instructions per step --instructions counts
+COUNTED = ("plain", "rdr step", FR_ROUTE, "rdr module")
 
 
 def _count_child(steps: int) -> None:
@@ -179,9 +184,19 @@ def _count_child(steps: int) -> None:
     logging.getLogger("obs").setLevel(logging.ERROR)
     tmp = tempfile.mkdtemp(prefix="obs-bench-dist-count-")
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
-    workload = _workload(torch.nn.parallel.DistributedDataParallel(_model(0)), "plain")
-    setups = {"plain": lambda: (lambda: None), "rdr step": _rdr(tmp, "step"), "rdr module": _rdr(tmp, "module")}
-    count_steps(counter, workload.step, {name: setups[name] for name in COUNTED}, 15, steps)
+    plain = _workload(torch.nn.parallel.DistributedDataParallel(_model(0)), "plain")
+    relayed = _relayed(tmp)
+    current = {"workload": plain}
+
+    def on(workload: Workload, setup: Any) -> Any:
+        def run() -> Any:
+            current["workload"] = workload
+            return setup()
+        return run
+
+    setups = {"plain": on(plain, lambda: (lambda: None)), "rdr step": on(relayed, _rdr(tmp, "step")),
+              FR_ROUTE: on(plain, _rdr(tmp, "step")), "rdr module": on(plain, _rdr(tmp, "module"))}
+    count_steps(counter, lambda: current["workload"].step(), {name: setups[name] for name in COUNTED}, 15, steps)
     dist.destroy_process_group()
     shutil.rmtree(tmp, ignore_errors=True)
     os._exit(0)  # the counts are written; skip the interpreter's slow exit under valgrind

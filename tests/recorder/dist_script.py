@@ -13,8 +13,7 @@ kill: rank 1 SIGKILLs itself at step 3, once rank 0 waits in step 3's first coll
 nan: rank 1's batch at step 3 is NaN (the NaN check finds it there; the all_reduce spreads it to rank 0).
 ddp: the net is a DistributedDataParallel (its bucket all_reduces), no explicit gradient reduction.
 ddp_stall: ddp, and rank 1 stalls 5 s in its data loading at step 3 (rank 0 waits in the bucket all_reduce).
-ddp_kill: ddp, and rank 1 SIGKILLs itself at step 3 as in kill (its ring holds no bucket all_reduce: they are read
-    from the Flight Recorder when a live process dumps).
+ddp_kill: ddp, and rank 1 SIGKILLs itself at step 3 as in kill (its ring holds the bucket all_reduces it issued).
 ddp_kill_first: ddp, and rank 1 SIGKILLs itself at step 3 while rank 0 is still in its data loading (torchrun
     stops rank 0 before it waits on rank 1: no collective disagrees).
 ddp_hang: ddp, and rank 1 stalls 12 s there: rank 0's bucket all_reduce times out (gloo, 6 s) in its backward.

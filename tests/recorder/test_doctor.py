@@ -45,20 +45,23 @@ def _analyze(tmp_path, capsys):
     return code, json.loads(capsys.readouterr().out)
 
 
+def _wait_for_steps(proc, tmp_path, ranks, steps=6):
+    """Until every rank of the running job has begun ``steps`` steps (a few collectives lined up), or it ended."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            job = read_job(str(tmp_path / "rdr"))
+        except FileNotFoundError:
+            job = None
+        if job is not None and len(job.ranks) == ranks and min(r.step for r in job.ranks) >= steps:
+            return
+        time.sleep(0.2)
+
+
 def test_top_and_analyze_name_the_rank_slow_in_its_data_loading(tmp_path, capsys):
     proc = _start(tmp_path, "data", 0)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:  # until every rank has lined up a few collectives
-            if proc.poll() is not None:
-                break
-            try:
-                job = read_job(str(tmp_path / "rdr"))
-            except FileNotFoundError:
-                job = None
-            if job is not None and len(job.ranks) == 3 and min(r.step for r in job.ranks) >= 6:
-                break
-            time.sleep(0.2)
+        _wait_for_steps(proc, tmp_path, 3)
         assert main(["top", str(tmp_path / "rdr"), "--once", "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert main(["top", str(tmp_path / "rdr"), "--once"]) == 0
@@ -94,3 +97,20 @@ def test_analyze_names_the_ddp_rank_slow_in_backward_not_the_ranks_that_waited(t
     lineup = {x["rank"]: x for x in result["lineup"]["ranks"]}
     assert lineup[0]["phases"]["backward"] < 0 and lineup[2]["phases"]["backward"] < 0
     assert not lineup[0]["straggler"] and not lineup[2]["straggler"]
+
+
+def test_top_names_the_ddp_rank_slow_in_its_data_loading_while_it_runs(tmp_path, capsys):
+    """Its peers wait for it in DDP's first bucket all_reduce, which the relay records as it is issued."""
+    proc = _start(tmp_path, "ddp_data", 0, ranks=2)
+    try:
+        _wait_for_steps(proc, tmp_path, 2)
+        assert main(["top", str(tmp_path / "rdr"), "--once", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+    finally:
+        (tmp_path / "stop").touch()
+        code, out = _finish(proc, tmp_path / "pids")
+    assert code == 0, out
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1] and all(r["alive"] for r in doc["ranks"])
+    assert doc["waited_for"] == [1], doc
+    slow = doc["ranks"][1]
+    assert slow["straggler"] and slow["late_phase"] == "data" and not doc["ranks"][0]["straggler"]

@@ -1,10 +1,10 @@
 """torch.distributed collectives → COLLECTIVE events: sequence number per group, op, sizes, dtype, state, timing.
 
 While COLLECTIVE has subscribers, the public collective functions of ``torch.distributed`` are
-wrapped (both names: ``torch.distributed.X`` and ``distributed_c10d.X``).  The collectives PyTorch
-issues from C++ (DDP's gradient buckets) come from its Flight Recorder at dump time
-(:mod:`obs.runtime.torch._flight_recorder`), or where it does not record, through a Python
-communication hook (:mod:`obs.runtime.torch._ddp`) whose all_reduce these wrappers see.
+wrapped (both names: ``torch.distributed.X`` and ``distributed_c10d.X``).  DDP's gradient buckets are
+recorded as they are issued by a communication hook (:mod:`obs.runtime.torch._ddp`,
+:meth:`CollectiveHooks.bucket_all_reduce`); the other collectives PyTorch issues from C++ (DDP's start-up
+broadcasts) come from its Flight Recorder at dump time (:mod:`obs.runtime.torch._flight_recorder`).
 
 The arguments are read by the function's real signature (worked out once per function), so a
 group passed by position is recorded as that group.  A collective's sequence number is its process
@@ -47,6 +47,8 @@ from obs._core.events import Event, bus
 from obs._core.internal import report_internal_error
 from obs.runtime import device_time
 from obs.runtime.steps import tracker
+from obs.runtime.torch import _flight_recorder
+from obs.runtime.torch._ddp import DdpHooks, scale
 from recorder.layout import DeviceTarget
 
 __all__ = ["CollectiveHooks", "OPS"]
@@ -157,6 +159,7 @@ class CollectiveHooks:
         self._polling = False
         self._originals: dict[str, Any] = {}
         self._specs: dict[str, _Args] = {}
+        self._buckets: dict[tuple[Any, ...], dict[str, Any]] = {}  #: a DDP bucket's record by group and shape
         for name in OPS:
             original = getattr(c10d, name, None)
             if original is None:
@@ -167,9 +170,6 @@ class CollectiveHooks:
             setattr(c10d, name, wrapped)
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapped)
-        from obs.runtime.torch import _flight_recorder
-        from obs.runtime.torch._ddp import DdpHooks
-
         _flight_recorder.arm()  # before init_process_group: DDP's C++ collectives go on record there
         self._ddp = DdpHooks(self.bucket_all_reduce)
 
@@ -241,23 +241,29 @@ class CollectiveHooks:
         return collective
 
     def bucket_all_reduce(self, tensor: torch.Tensor, group: Any) -> Any:
-        """A DDP gradient bucket, as PyTorch's ``allreduce_hook`` reduces it (divide by the group size,
-        all_reduce), on record: ``scheduled`` now, ``completed`` / ``failed`` from the callback that also
-        hands the bucket back to DDP (one Python callback per bucket, as allreduce_hook has)."""
-        original = self._originals["all_reduce"]
-        use = group if group is not None else dist.group.WORLD
-        tensor.div_(use.size())
+        """A DDP gradient bucket reduced as DDP's reducer does (:func:`obs.runtime.torch._ddp.reduce`), on record as
+        it is issued: ``scheduled`` now, ``completed`` / ``failed`` from the callback that also hands the bucket back
+        to DDP.  A bucket's fields are worked out once per shape; then only its sequence number, per call."""
+        pg = group if group is not None else c10d._get_default_group()
+        scale(tensor, pg.size())
         try:
-            record, _ = _record("all_reduce", group, self._specs["all_reduce"], (tensor,), {}, self._groups,
-                                self._seq, self._p2p)
-            record["state"] = "scheduled"
-            bus.emit(Event.COLLECTIVE, dict(record))
+            key = (id(pg), tensor.shape, tensor.dtype)
+            known = self._buckets.get(key)
+            if known is None:
+                record, _ = _record("all_reduce", group, self._specs["all_reduce"], (tensor,), {}, self._groups,
+                                    self._seq, self._p2p)
+                self._buckets[key] = record
+            else:
+                name = known["group"]
+                record = {**known, "seq": _group_seq(group, self._seq[name], self._p2p[name])}
+            record = {**record, "state": "scheduled"}
+            bus.emit(Event.COLLECTIVE, record)
         except Exception as exc:  # noqa: BLE001 - reported; the collective still runs
             report_internal_error("DDP bucket all_reduce", exc)
-            return original(tensor, group=use, async_op=True).get_future().then(_first)
+            return pg.allreduce([tensor]).get_future().then(_first)
         start = time.perf_counter_ns()
         try:
-            work = original(tensor, group=use, async_op=True)
+            work = pg.allreduce([tensor])
         except BaseException as exc:
             bus.emit(Event.COLLECTIVE, {**record, "state": "failed", "error": f"{type(exc).__name__}: {exc}",
                                         "duration_ns": time.perf_counter_ns() - start})

@@ -1,19 +1,20 @@
 """DDP's gradient-bucket all_reduces, which its C++ reducer issues behind the Python collectives, on record.
 
-Where PyTorch's Flight Recorder records the model's process group (torch 2.13 does for gloo unless
-``TORCH_FR_BUFFER_SIZE=0``; obs sets the size before the first group is made), the buckets are taken from it at
-dump time (:mod:`obs.runtime.torch._flight_recorder`): DDP reduces in C++ as without obs, and nothing runs per
-bucket.  Otherwise (an older torch, the Flight Recorder turned off) the model gets one Python communication
-hook, a relay, and the log says so once: by default it does what PyTorch's own ``allreduce_hook`` does (divide
-by the group size, all_reduce: what the reducer does with no hook, the same numbers) and records the all_reduce
-(:meth:`CollectiveHooks.bucket_all_reduce`).
+While obs records collectives, a model built then gets one Python communication hook, a relay: it reduces each
+bucket as DDP's reducer does without a hook (:func:`scale`, then all_reduce: the same bits) and records the
+all_reduce in the ring as it is issued (:meth:`CollectiveHooks.bucket_all_reduce`), so a live view (``obs top``)
+lines the ranks up at DDP's first sync of the step: a rank slow in its data loading shows there.  A model whose
+reducer scales in a way a hook cannot repeat (``gradient_as_bucket_view=True``: it divides a gradient that already
+is its bucket's view) keeps DDP's C++ reduction where PyTorch's Flight Recorder records its group (torch 2.13 does
+for gloo unless ``TORCH_FR_BUFFER_SIZE=0``; obs sets the size before the first group is made): its buckets are
+taken from it at dump time (:mod:`obs.runtime.torch._flight_recorder`), and the log says so once.
 
 The reducer takes one hook per model, once.  So a hook the user registers later
 (``register_comm_hook``, or a built-in one) replaces the relay's default instead of failing: the
 relay calls the user's hook (whose Python collectives are recorded as any others).  A model that
 already has a hook when it is built (DDP's mixed-precision hook), or reduces in Python (compiled
 autograd), is left alone.  ``remove()`` puts the class back; models built meanwhile keep their relay,
-which then only calls PyTorch's ``allreduce_hook``.
+which then reduces without recording.
 """
 
 from __future__ import annotations
@@ -25,39 +26,61 @@ from typing import Any
 from obs._core.internal import report_internal_error
 from obs.runtime.torch import _flight_recorder
 
-__all__ = ["DdpHooks"]
+__all__ = ["DdpHooks", "reduce", "scale"]
+
+
+def scale(buffer: Any, size: int) -> None:
+    """Divide a bucket by the group's size as DDP's reducer does without a hook: a dense gradient is multiplied by
+    the reciprocal as it is copied into its bucket (the same product here, after the copy: the same bits; PyTorch's
+    ``allreduce_hook`` divides, which differs in the last bit where the size is not a power of two), a sparse one
+    divided."""
+    if buffer.is_sparse:
+        buffer.div_(size)
+    else:
+        buffer.mul_(1.0 / size)
+
+
+def reduce(buffer: Any, group: Any) -> Any:
+    """A bucket reduced as DDP's reducer does without a hook, off record: the future DDP waits for."""
+    scale(buffer, group.size())
+    return group.allreduce([buffer]).get_future().then(_first)
+
+
+def _first(future: Any) -> Any:
+    return future.value()[0]
 
 
 class _Relay:
-    """The hook DDP calls per bucket: the user's hook if they registered one, else the default all_reduce.
+    """The hook DDP calls per bucket: the user's hook if they registered one, else the bucket's reduction.
 
-    While obs records, the default is ``record(buffer, group)``: PyTorch's allreduce_hook (divide by
-    the group size, all_reduce) with its record published from the future's own callback (one
-    Python callback per bucket, as allreduce_hook has); afterwards PyTorch's allreduce_hook itself."""
+    While obs records, ``record(buffer, group)`` reduces it on record (one Python call and one future callback per
+    bucket, as PyTorch's ``allreduce_hook`` has); afterwards :func:`reduce`."""
 
     __slots__ = ("hook", "state", "taken", "record", "__weakref__")
 
     def __init__(self, process_group: Any, record: Any) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        self.hook, self.state, self.record = allreduce_hook, process_group, record
+        self.hook: Any = None
+        self.state, self.record = process_group, record
         self.taken = False  #: the user registered a hook (a second one fails in the reducer, as without obs)
 
     def take(self, hook: Any, state: Any) -> None:
         self.hook, self.state, self.taken = hook, state, True
 
     def __call__(self, _state: Any, bucket: Any) -> Any:
+        if self.taken:
+            return self.hook(self.state, bucket)
         record = self.record
-        if record is not None and not self.taken:
+        if record is not None:
             return record(bucket.buffer(), self.state)
-        return self.hook(self.state, bucket)
+        return reduce(bucket.buffer(), self.state)
 
 
 class DdpHooks:
     """Patches ``DistributedDataParallel`` (construction and hook registration) until ``remove()``."""
 
-    #: take the buckets from the Flight Recorder where it records the model's group (False: always the relay)
-    use_flight_recorder = True
+    #: record each bucket's all_reduce as it is issued, through the relay (False: take the buckets from the Flight
+    #: Recorder at dump time where it records the model's group, as a model the relay cannot reduce exactly does)
+    live = True
 
     def __init__(self, record: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -72,17 +95,20 @@ class DdpHooks:
         def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - becomes DDP.__init__
             init(ddp, *args, **kwargs)
             try:
-                if self.use_flight_recorder and _flight_recorder.records(ddp.process_group):
-                    _flight_recorder.say_once("fr", logging.INFO, "obs: DDP's gradient buckets are taken from "
-                                              "PyTorch's Flight Recorder at dump time (no communication hook)")
+                recorded = _flight_recorder.records(ddp.process_group)
+                if recorded and not (self.live and _exact(ddp)):
+                    _flight_recorder.say_once("fr", logging.INFO, "obs: this DDP model's gradient buckets are taken "
+                                              "from PyTorch's Flight Recorder at dump time (no communication hook; "
+                                              "obs top does not see them while the job runs)")
                     return
                 relay = _install_relay(ddp, record)
                 if relay is not None:
                     self._relays.add(relay)
-                    _flight_recorder.say_once("relay", logging.WARNING, "obs: PyTorch's Flight Recorder does not "
-                                              "record this DDP model's process group (TORCH_FR_BUFFER_SIZE=0, or "
-                                              "an older torch): its gradient buckets are recorded through a "
-                                              "Python communication hook (about 0.1-0.2 ms per bucket)")
+                    if not recorded:
+                        _flight_recorder.say_once("relay", logging.WARNING, "obs: PyTorch's Flight Recorder does not "
+                                                  "record this DDP model's process group (TORCH_FR_BUFFER_SIZE=0, or "
+                                                  "an older torch): its gradient buckets are recorded through a "
+                                                  "Python communication hook only")
             except Exception as exc:  # noqa: BLE001 - our bug: the model trains without its buckets on record
                 report_internal_error("DDP communication hook", exc)
 
@@ -113,7 +139,7 @@ class DdpHooks:
         for name, original in self._saved.items():
             setattr(self._cls, name, original)
         self._saved = {}
-        for relay in list(self._relays):  # models built meanwhile go on with PyTorch's allreduce_hook
+        for relay in list(self._relays):  # models built meanwhile go on reducing, off record
             relay.record = None
 
 
@@ -127,6 +153,12 @@ def _install_relay(ddp: Any, record: Any) -> _Relay | None:
     dist._register_comm_hook(reducer, None, relay)
     ddp._obs_relay = relay
     return relay
+
+
+def _exact(ddp: Any) -> bool:
+    """Whether the relay reduces this model's buckets to DDP's own bits: not where a gradient is its bucket's view
+    (the reducer then divides it in place, where a hook sees the bucket only after the gradient was accumulated)."""
+    return not getattr(ddp, "gradient_as_bucket_view", False)
 
 
 def _builtin(comm_hook_type: Any) -> Any:

@@ -100,14 +100,10 @@ def test_a_collective_that_raises_is_recorded_failed(tmp_path):
     assert type(raised[0]).__name__ in records[1]["error"]
 
 
-def test_ddp_gradient_buckets_are_all_reduced_on_record_and_a_user_hook_takes_over(tmp_path, monkeypatch):
-    """The relay: the fallback where PyTorch's Flight Recorder does not record the model's group."""
+def test_ddp_gradient_buckets_are_all_reduced_on_record_and_a_user_hook_takes_over(tmp_path):
+    """The relay: every DDP model built while obs records gets it (a bucket on record as it is issued)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from obs.runtime.torch._ddp import DdpHooks
-
-    monkeypatch.setattr(DdpHooks, "use_flight_recorder", False)
 
     calls = []
 
@@ -137,7 +133,7 @@ def test_ddp_gradient_buckets_are_all_reduced_on_record_and_a_user_hook_takes_ov
     marks, second, records, models = [], [], [], []
     _records_of(run, tmp_path, records)
     assert DDP.__init__.__module__ == "torch.nn.parallel.distributed"  # the class is put back
-    assert models[0]._obs_relay.record is None  # the model built meanwhile goes on with plain allreduce_hook
+    assert models[0]._obs_relay.record is None  # the model built meanwhile goes on reducing, off record
     buckets = [r for r in records[:marks[0]] if r["op"] == "all_reduce"]
     assert [r["state"] for r in buckets] == ["scheduled", "completed"] and buckets[1]["sizes"] == [[10]]
     assert calls == [0] and [r["state"] for r in records[marks[0]:] if r["op"] == "all_reduce"] == \
@@ -172,12 +168,13 @@ def test_device_work_is_completed_by_polling_not_by_its_future(tmp_path, monkeyp
     assert not any(getattr(h, "__self__", None).__class__.__name__ == "CollectiveHooks" for h in tracker.at_boundary)
 
 
-def test_where_the_flight_recorder_records_the_group_ddp_keeps_its_cpp_reduction(tmp_path):
+def test_a_model_whose_gradients_are_bucket_views_keeps_its_cpp_reduction_and_the_flight_recorder_has_it(tmp_path):
+    """The relay cannot repeat the reducer's in-place division of a gradient that is its bucket's view."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     def run():
-        ddp = DDP(torch.nn.Linear(4, 2))
+        ddp = DDP(torch.nn.Linear(4, 2), gradient_as_bucket_view=True)
         models.append(ddp)
         ddp(torch.randn(3, 4)).sum().backward()
         ddp.register_comm_hook(None, allreduce_hook)  # the user's hook goes to DDP itself
