@@ -35,6 +35,7 @@ from recorder.now import now
 from recorder.ring import RingWriter
 from recorder.ring_handlers import RingSubscriptions
 from recorder.ring_reader import RingContents, read_ring
+from recorder.shared_root import leave, make
 from recorder.stacks import all_stacks
 
 __all__ = ["GRANULARITIES", "RdrConfig", "Recorder", "rdr_dir"]
@@ -70,28 +71,6 @@ def rdr_dir(path: str, rank: int, *, pending_pid: int | None = None) -> str:
     return os.path.join(path or os.getcwd(), folder, "rdr")
 
 
-def _missing_folders(path: str) -> list[str]:
-    """The folders that creating ``path`` would create, deepest first."""
-    out = []
-    path = os.path.abspath(path)
-    while not os.path.lexists(path):
-        out.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return out
-
-
-def _remove_empty(folders: list[str]) -> None:
-    """Remove ``folders`` (deepest first) while they are empty; stop at the first that is not."""
-    for folder in folders:
-        try:
-            os.rmdir(folder)
-        except OSError:
-            return
-
-
 class Recorder:
     """Owns one ring file and the subscriptions feeding it; ``dump()`` writes a bundle."""
 
@@ -104,16 +83,16 @@ class Recorder:
         self.rank_known = rank_known or multiprocessing.parent_process() is None
         self._settings = settings
         self._versions = versions
+        self._root = config.path or os.getcwd()
         self.dir = rdr_dir(config.path, rank, pending_pid=None if self.rank_known else self.pid)
-        self._created = _missing_folders(self.dir)  # removed again on a clean exit with nothing to report
-        safe_files.ensure_dir(self.dir)
+        self._created = make(self.dir, self._root)  # removed again on a clean exit with nothing to report
         try:
             self.ring = RingWriter(os.path.join(self.dir, f"ring_{self.pid}.obsring"), dict(config.capacity),
                                    pid=self.pid, rank=rank, world_size=world_size,
                                    meta={"run_id": run_id, "host": socket.gethostname(), "granularity":
                                          config.granularity, "argv": sys.argv[:8], "versions": versions})
         except BaseException:
-            _remove_empty(self._created)  # a recorder that could not start leaves no folder behind
+            leave(self._created, self._root)  # a recorder that could not start leaves no folder behind
             raise
         self.fatal_path = os.path.join(self.dir, f"fatal_{self.pid}.txt")
         self.step = 0
@@ -400,8 +379,7 @@ class Recorder:
         old_dir, old_created = self.dir, self._created
         new_dir = rdr_dir(self.config.path, rank)
         if new_dir != old_dir:
-            created = _missing_folders(new_dir)
-            safe_files.ensure_dir(new_dir)
+            created = make(new_dir, self._root)
             ring_path = os.path.join(new_dir, os.path.basename(self.ring.path))
             fatal_path = os.path.join(new_dir, os.path.basename(self.fatal_path))
             os.rename(self.ring.path, ring_path)  # the map stays valid: it maps the file, not the name
@@ -424,7 +402,7 @@ class Recorder:
                 os.unlink(os.path.join(old_dir, "marker.json"))
             except FileNotFoundError:
                 pass
-            _remove_empty(old_created)
+            leave(old_created, self._root)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _unsubscribe(self) -> None:
@@ -478,7 +456,7 @@ class Recorder:
             os.unlink(os.path.join(self.dir, "marker.json"))
         except FileNotFoundError:
             pass
-        _remove_empty(self._created)
+        leave(self._created, self._root)
 
     def remove_ring(self) -> bool:
         """Unlink the ring file, keeping the map (the process is about to die); False if it failed."""
