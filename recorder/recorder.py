@@ -9,7 +9,6 @@ phases, memory, collectives), ``module`` (+ module enter/exit), ``op`` (+ every 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import socket
 import struct
@@ -64,8 +63,8 @@ _RANK_AT = struct.calcsize("<8sII")
 def rdr_dir(path: str, rank: int, *, pending_pid: int | None = None) -> str:
     """``{path}/rank_{rank}/rdr`` (MindSpore's layout; an unset path is the current folder).
 
-    ``pending_pid``: the rank is not known yet (a process started by ``torch.multiprocessing.spawn``
-    before ``init_process_group``): ``rank_unresolved-{pid}/rdr``, one folder per process, until it is.
+    ``pending_pid``: the rank is not known yet (a launcher gave no ``RANK``: ``torch.multiprocessing.spawn``,
+    Lightning's; before ``init_process_group``): ``rank_unresolved-{pid}/rdr``, one folder per process, until it is.
     """
     folder = f"rank_unresolved-{pending_pid}" if pending_pid is not None else f"rank_{rank}"
     return os.path.join(path or os.getcwd(), folder, "rdr")
@@ -76,11 +75,15 @@ class Recorder:
 
     def __init__(self, config: RdrConfig, *, rank: int, world_size: int, run_id: str,
                  settings: Callable[[], dict[str, Any]], versions: dict[str, str], rank_known: bool = True) -> None:
+        """``rank_known``: False while the rank is a guess (the ring is kept under ``rank_unresolved-{pid}`` until
+        :meth:`resolve_rank`)."""
         self.config = config
         self.rank, self.world_size, self.run_id = rank, world_size, run_id
+        self.host = socket.gethostname()
         self.pid = os.getpid()
-        #: False until the rank is known for sure (see :meth:`resolve_rank`)
-        self.rank_known = rank_known or multiprocessing.parent_process() is None
+        self.rank_known = rank_known
+        #: called before a bundle is written: (rank, world size) once torch.distributed knows them, else None
+        self.identity: Callable[[], tuple[int, int] | None] | None = None
         self._settings = settings
         self._versions = versions
         self._root = config.path or os.getcwd()
@@ -89,7 +92,7 @@ class Recorder:
         try:
             self.ring = RingWriter(os.path.join(self.dir, f"ring_{self.pid}.obsring"), dict(config.capacity),
                                    pid=self.pid, rank=rank, world_size=world_size,
-                                   meta={"run_id": run_id, "host": socket.gethostname(), "granularity":
+                                   meta={"run_id": run_id, "host": self.host, "granularity":
                                          config.granularity, "argv": sys.argv[:8], "versions": versions})
         except BaseException:
             leave(self._created, self._root)  # a recorder that could not start leaves no folder behind
@@ -262,6 +265,7 @@ class Recorder:
                 error._obs_rdr_dumped = True  # type: ignore[attr-defined]
             except AttributeError:
                 pass
+        self._follow_identity()
         pointer = getattr(error, "_obs_exception_dump", None)  # the exception dump of the same fault
         if pointer:
             fault = {**(fault or {}), "exception_dump": pointer}
@@ -352,7 +356,7 @@ class Recorder:
         """The per-rank marker: whether and why this rank dumped."""
         self._marked = (state, extra)
         data = {"state": state, "pid": self.pid, "rank": self.rank, "world_size": self.world_size,
-                "run_id": self.run_id, "dumps": [os.path.basename(p) for p in self.dumps],
+                "host": self.host, "run_id": self.run_id, "dumps": [os.path.basename(p) for p in self.dumps],
                 "updated_ns": time.time_ns(), **extra}
         safe_files.write_atomic(os.path.join(self.dir, "marker.json"), json.dumps(data, indent=2, default=str))
 
@@ -363,17 +367,33 @@ class Recorder:
             pass
 
     # -- rank -----------------------------------------------------------------------------------
-    def resolve_rank(self, rank: int, world_size: int) -> None:
-        """The rank is known now (``init_process_group`` ran): move the ring under ``rank_{rank}``.
-
-        Called at a step boundary on the training thread; a dump under way defers it to the next one.
-        """
-        if self.ring.closed or not self._dump_lock.acquire(blocking=False):
+    def _follow_identity(self) -> None:
+        """Before a bundle: the rank torch.distributed gives, if it differs from the recorder's (a fault before the
+        step boundary that would have moved it)."""
+        if self.identity is None:
             return
+        try:
+            found = self.identity()
+            if found is not None and (not self.rank_known or found != (self.rank, self.world_size)):
+                self.resolve_rank(*found)
+        except Exception as exc:  # noqa: BLE001 - the bundle goes out under the rank it has
+            report_internal_error("RDR rank before a bundle", exc)
+
+    def resolve_rank(self, rank: int, world_size: int) -> bool:
+        """``init_process_group`` ran: this process is ``rank`` of ``world_size``, whatever the recorder guessed.
+        Moves the ring (with its marker and graphs) under ``rank_{rank}`` and puts both in the ring's header and the
+        marker.  False when a dump under way defers it (called again at the next step boundary)."""
+        if self.ring.closed:
+            return True
+        if self.rank_known and (rank, world_size) == (self.rank, self.world_size):
+            return True
+        if not self._dump_lock.acquire(blocking=False):
+            return False
         try:
             self._relocate(rank, world_size)
         finally:
             self._dump_lock.release()
+        return True
 
     def _relocate(self, rank: int, world_size: int) -> None:
         old_dir, old_created = self.dir, self._created
@@ -396,12 +416,10 @@ class Recorder:
         # Published in the ring's header so recover names the right rank.
         self.ring.buffer()[_RANK_AT:_RANK_AT + 8] = rank.to_bytes(4, "little") + world_size.to_bytes(4, "little")
         self.rank, self.world_size, self.rank_known = rank, world_size, True
-        self.mark("running")
+        state, extra = self._marked
+        self.mark(state, **extra)
         if new_dir != old_dir:
-            try:
-                os.unlink(os.path.join(old_dir, "marker.json"))
-            except FileNotFoundError:
-                pass
+            _unlink_marker(old_dir, self.pid)
             leave(old_created, self._root)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -452,10 +470,7 @@ class Recorder:
             self._mark_quietly(state, dumped=bool(self.dumps))
             outputs.wrote("RDR marker", os.path.join(self.dir, "marker.json"))
             return
-        try:
-            os.unlink(os.path.join(self.dir, "marker.json"))
-        except FileNotFoundError:
-            pass
+        _unlink_marker(self.dir, self.pid)
         leave(self._created, self._root)
 
     def remove_ring(self) -> bool:
@@ -467,6 +482,18 @@ class Recorder:
         except OSError:
             return False
         return True
+
+
+def _unlink_marker(folder: str, pid: int) -> None:
+    """Remove this process's marker from ``folder``; not another's (a guessed rank 0 shared ``rank_0`` with the real
+    one until torch.distributed told it otherwise)."""
+    path = os.path.join(folder, "marker.json")
+    try:
+        if json.loads(safe_files.read_private(path, limit=1 << 20)).get("pid") != pid:
+            return
+        os.unlink(path)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _tensor_summary(item: Any) -> str:

@@ -11,9 +11,11 @@ the recorder off) it writes the bundle it owes: one for a fault no bundle holds 
 
 Where files go: ``{rdr.path}/rank_{r}/rdr/``; an unset ``rdr.path`` is the current folder (as in
 the original).  A run that ends cleanly with nothing to report leaves nothing behind there: no
-ring, no marker, no folder obs created.  A rank whose rank is not known yet (started by
-``torch.multiprocessing.spawn``, no ``RANK``) records under ``rank_unresolved-{pid}`` until
-``init_process_group`` has run, then moves under ``rank_{r}``: two ranks never share a folder.
+ring, no marker, no folder obs created.  The rank is torch.distributed's once ``init_process_group`` has run,
+whatever came before: the recorder then moves under ``rank_{r}`` and takes its world size (checked at each step
+boundary and before each bundle).  Before that, a process whose launcher gave no ``RANK`` but other ranks
+(``torch.multiprocessing.spawn``; Lightning's launcher, with ``LOCAL_RANK`` and ``WORLD_SIZE``) records under
+``rank_unresolved-{pid}``: two ranks never share a folder (see :func:`obs.settings.parallel.rank_given`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from obs._core.errors import ObsError
 from obs.features import env_config as env_feature
 from obs.features.rdr_memory import MemoryHistory, add_to_bundle
 from obs.settings._context import get_context, snapshot
-from obs.settings.parallel import agree_run_id, launcher_run_id, rank, world_size
+from obs.settings.parallel import agree_run_id, launcher_run_id, rank, rank_given, world_size
 
 if TYPE_CHECKING:
     from recorder.recorder import RdrConfig, Recorder
@@ -133,7 +135,8 @@ class RdrFeature:
 
         run_id, self._run_id_known = _run_id()
         self.recorder = Recorder(config, rank=rank(), world_size=world_size(), run_id=run_id, settings=_settings,
-                                 versions=_versions(), rank_known=_rank_known())
+                                 versions=_versions(), rank_known=rank_given())
+        self.recorder.identity = _identity
         # collectives are recorded (granularity step and up): those PyTorch issued from C++ too
         self.recorder.amend_files = functools.partial(self._amend_bundle, collectives=config.granularity != "off")
         if config.granularity in ("module", "op"):
@@ -145,14 +148,16 @@ class RdrFeature:
                    if config.granularity == "op" else "")))
         self.triggers = Triggers(self.recorder, mode=config.mode, op_timeout=config.op_timeout,
                                  hang_action=config.hang_action).install()
-        if (not self.recorder.rank_known or not self._run_id_known) and self.check_rank not in tracker.at_boundary:
+        # Until torch.distributed is up (a launcher's rank 0 looks like a plain process until then) or the job's run
+        # id is agreed: one check per step boundary.
+        if (not _distributed_ready() or not self._run_id_known) and self.check_rank not in tracker.at_boundary:
             tracker.at_boundary = tracker.at_boundary + (self.check_rank,)
 
     def check_rank(self) -> None:
-        """Once torch.distributed is initialised: move a recorder started before it under its real rank, and
-        agree on the job's run id with the other ranks."""
+        """Once torch.distributed is initialised: take its rank and world size (moving a recorder started under
+        another folder), and agree on the job's run id with the other ranks."""
         live = self.recorder
-        if live is None or (live.rank_known and self._run_id_known):
+        if live is None:
             self._unhook_rank_check()
             return
         if _distributed_ready():
@@ -162,9 +167,7 @@ class RdrFeature:
                     _agreed[:] = [agreed]
                     self._run_id_known = True
                     live.set_run_id(agreed)
-            if not live.rank_known:
-                live.resolve_rank(rank(), world_size())
-            if live.rank_known and self._run_id_known:
+            if live.resolve_rank(rank(), world_size()) and self._run_id_known:
                 self._unhook_rank_check()
 
     def _unhook_rank_check(self) -> None:
@@ -232,12 +235,9 @@ def _distributed_ready() -> bool:
     return dist is not None and dist.is_available() and dist.is_initialized()
 
 
-def _rank_known() -> bool:
-    """Whether :func:`rank` is more than a guess: torch.distributed, ``global_rank``, or ``$RANK``."""
-    from obs.settings import parallel
-
-    # parallel has no public "was global_rank set" (its getter returns the default 0 either way)
-    return _distributed_ready() or bool(env.text(env.RANK)) or "global_rank" in parallel._auto.values
+def _identity() -> tuple[int, int] | None:
+    """(rank, world size) from torch.distributed once it is up, else None."""
+    return (rank(), world_size()) if _distributed_ready() else None
 
 
 feature = RdrFeature()

@@ -18,7 +18,7 @@ from obs.settings._table import Option, OptionTable
 from obs.settings._validators import Bool, Choice, Int, Str, Validator, fail, type_fail
 
 __all__ = ["AUTO_PARALLEL_OPTIONS", "PS_OPTIONS", "ParallelMode", "get_auto_parallel_context", "get_ps_context",
-           "rank", "reset_auto_parallel_context", "reset_ps_context", "set_auto_parallel_context",
+           "rank", "rank_given", "reset_auto_parallel_context", "reset_ps_context", "set_auto_parallel_context",
            "set_ps_context", "world_size"]
 
 
@@ -257,6 +257,21 @@ def world_size() -> int:
     if "device_num" in _auto.values:
         return int(_auto.values["device_num"])
     return env.integer(env.WORLD_SIZE, 1)
+
+
+def rank_given() -> bool:
+    """Whether :func:`rank` is this process's before ``init_process_group``: torch.distributed is up,
+    ``global_rank`` or ``$RANK`` says it, or nothing says there are other ranks (no ``$WORLD_SIZE`` above 1, no
+    ``$LOCAL_RANK``, no multiprocessing parent: a plain process is rank 0 of 1).  Else the rank is unknown until
+    ``init_process_group``: launchers that start their ranks without ``RANK`` (Lightning's, by ``subprocess`` with
+    ``LOCAL_RANK`` and ``WORLD_SIZE``; ``torch.multiprocessing.spawn``)."""
+    if _distributed() is not None or "global_rank" in _auto.values or env.text(env.RANK):
+        return True
+    if env.text(env.LOCAL_RANK) or env.integer(env.WORLD_SIZE, 1) > 1:
+        return False
+    import multiprocessing
+
+    return multiprocessing.parent_process() is None
 
 
 #: the key under which the ranks of a job agree on its run id (in the default process group's store)

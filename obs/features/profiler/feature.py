@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import multiprocessing
 import os
 import threading
 import warnings
@@ -88,14 +87,13 @@ class ProfilerFeature:
     def _start(self, want: ProfileRequest) -> None:
         from obs.features import rdr
         from obs.features.profiler.profile_session import ProfileSession
-        from obs.settings.parallel import rank, world_size
+        from obs.settings.parallel import rank, rank_given, world_size
 
         run_id, run_id_known = _run_id()
-        rank_known = rdr._rank_known() or multiprocessing.parent_process() is None  # not spawned: rank 0 of 1
         self.session = ProfileSession(want, rank=rank(), world_size=world_size(), run_id=run_id,
-                                      versions=rdr._versions(), rank_known=rank_known, earlier=self._closing)
+                                      versions=rdr._versions(), rank_known=rank_given(), earlier=self._closing)
         self.request = want
-        if not (run_id_known and rank_known):
+        if not (run_id_known and rdr._distributed_ready()):  # the rank is torch.distributed's once it is up
             from obs.runtime.steps import tracker
 
             tracker.at_boundary = tracker.at_boundary + (self.check_identity,)

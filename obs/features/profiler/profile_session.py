@@ -83,7 +83,8 @@ class ProfileSession:
         self.request, self.rank = request, rank
         self.step = 0  #: stamped into module slots by the Python handlers
         self.pid = os.getpid()
-        # A process whose rank is a guess (spawned before init_process_group) never shares a rank's folder.
+        # A process whose rank is a guess (a launcher gave no RANK; before init_process_group) never shares a rank's
+        # folder: it keeps rank_unresolved-{pid}, its spans carry the rank set_identity() gives.
         self.folder = os.path.join(request.output, f"rank_{rank}" if rank_known else f"rank_unresolved-{self.pid}")
         self.identity_known = False  #: set_identity() ran (or the launcher told rank and run id up front)
         safe_files.ensure_dir(self.folder)

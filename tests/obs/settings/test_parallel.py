@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 import obs
-from obs.settings.parallel import AUTO_PARALLEL_OPTIONS, PS_OPTIONS
+from obs.settings.parallel import AUTO_PARALLEL_OPTIONS, PS_OPTIONS, rank_given
 
 
 @pytest.mark.parametrize("key", list(AUTO_PARALLEL_OPTIONS))
@@ -43,6 +43,24 @@ def test_rank_and_world_size_from_torchrun_environment(monkeypatch):
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("WORLD_SIZE", "6")
     assert (obs.rank(), obs.world_size()) == (5, 6)
+
+
+@pytest.mark.parametrize("environ, given", [
+    ({}, True),  # a plain process: rank 0 of 1
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, True),  # torchrun
+    ({"WORLD_SIZE": "1"}, True),
+    ({"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, False),  # Lightning's launcher's rank 1: no RANK
+    ({"LOCAL_RANK": "0"}, False),
+    ({"WORLD_SIZE": "2"}, False),
+])
+def test_the_rank_is_given_by_rank_or_by_nothing_saying_there_are_other_ranks(monkeypatch, environ, given):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert rank_given() is given
+    obs.set_auto_parallel_context(global_rank=1)
+    assert rank_given()
 
 
 @pytest.mark.parametrize("key", [k for k in PS_OPTIONS if "password" not in k])
