@@ -17,11 +17,14 @@ OBS_CONFIG = "OBS_CONFIG"  #: env config file (as set_context's env_config_path)
 OBS_DUMP_CONFIG = "OBS_DUMP_CONFIG"  #: the data dump's JSON, when MINDSPORE_DUMP_CONFIG is not set
 OBS_PRINT_FILE = "OBS_PRINT_FILE"  #: set by obs: the print file a child process inherits
 OBS_PRINT_PID = "OBS_PRINT_PID"  #: set by obs: the process that opened that print file
+OBS_RUN_SCRIPT = "OBS_RUN_SCRIPT"  #: set by ``obs run``: its script; a child that runs it again runs under obs
+OBS_RUN_SETTINGS = "OBS_RUN_SETTINGS"  #: set by ``obs run``: its --config and --set pairs (JSON), for that child
 OBS_RAISE_INTERNAL_ERRORS = "OBS_RAISE_INTERNAL_ERRORS"  #: 1: obs's own bugs raise (tests) instead of being counted
 OBS_NATIVE = "OBS_NATIVE"  #: 0: every native extension off (each part's Python path)
 OBS_NATIVE_PREFIX = "OBS_NATIVE_"  #: OBS_NATIVE_<PART>=0: one part's native extension off
 OBS_NATIVE_CACHE = "OBS_NATIVE_CACHE"  #: where extensions built on first use are kept
 XDG_CACHE_HOME = "XDG_CACHE_HOME"
+PYTHONPATH = "PYTHONPATH"  #: ``obs run`` puts the folder of its ``sitecustomize`` first (see OBS_RUN_SCRIPT)
 
 # MindSpore's
 MS_RDR_ENABLE = "MS_RDR_ENABLE"

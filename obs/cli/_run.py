@@ -1,8 +1,15 @@
-"""``obs run SCRIPT [ARGS]``: apply settings, then run the script as ``__main__``, keeping its exit status."""
+"""``obs run SCRIPT [ARGS]``: apply settings, then run the script as ``__main__``, keeping its exit status.
+
+A process the script starts that runs the script again (a launcher that re-executes it for its other ranks, as
+Lightning's DDP launcher does with ``subprocess``) runs under obs too: ``obs run`` passes the script and its settings
+on in the environment, and ``obs/cli/_inherit/sitecustomize.py``, first on ``PYTHONPATH``, applies them there
+(:func:`follow`).
+"""
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import runpy
 import sys
@@ -10,7 +17,7 @@ from typing import Any
 
 from obs._core import env
 
-__all__ = ["apply_settings", "run_script"]
+__all__ = ["apply_settings", "follow", "pass_on", "run_script"]
 
 
 def apply_settings(config: str | None, sets: list[tuple[str, Any]]) -> None:
@@ -45,18 +52,50 @@ def say_what_obs_wrote() -> None:
         say_written(kind, path)
 
 
-def run_script(script: str, args: list[str], *, config: str | None, sets: list[tuple[str, Any]]) -> int:
-    if not os.path.isfile(script):
-        raise FileNotFoundError(f"script {script!r} does not exist")
+def _report_at_exit() -> None:
     # Registered first, so it runs last: after the recorder's and the print sink's own exit handlers.
     atexit.register(say_what_obs_wrote)
     from obs import profiling
     from obs.cli._trace_view import print_exit_summary
 
     profiling.feature.exit_listeners.append(print_exit_summary)  # the profile's summary at the end, when on
+
+
+def pass_on(path: str, config: str | None, sets: list[tuple[str, Any]]) -> None:
+    """Into the environment the script's children inherit: the script, the settings, and the folder of the
+    ``sitecustomize`` that applies them in a child that runs the script again (see :func:`follow`)."""
+    from obs.cli import _inherit
+
+    folder = os.path.dirname(os.path.abspath(_inherit.__file__))
+    before = env.text(env.PYTHONPATH)
+    if before.split(os.pathsep)[0] != folder:
+        os.environ[env.PYTHONPATH] = folder + (os.pathsep + before if before else "")
+    os.environ[env.OBS_RUN_SCRIPT] = path
+    os.environ[env.OBS_RUN_SETTINGS] = json.dumps({"config": os.path.abspath(config) if config else None,
+                                                   "sets": [list(pair) for pair in sets]})
+
+
+def follow() -> None:
+    """In a process that runs ``obs run``'s script again (from ``sitecustomize``, before the script): the settings
+    ``obs run`` applied, and its report of what obs wrote at exit.  A failure is said on stderr; the script then runs
+    without obs."""
+    try:
+        passed = json.loads(env.text(env.OBS_RUN_SETTINGS) or "{}")
+        _report_at_exit()
+        apply_settings(passed.get("config"), [(k, v) for k, v in passed.get("sets", [])])
+    except Exception as exc:  # noqa: BLE001 - the user's script still runs, as it would without obs run
+        print(f"obs: {sys.argv[0]} runs without obs in this process (pid {os.getpid()}): its settings failed: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def run_script(script: str, args: list[str], *, config: str | None, sets: list[tuple[str, Any]]) -> int:
+    if not os.path.isfile(script):
+        raise FileNotFoundError(f"script {script!r} does not exist")
+    _report_at_exit()
     apply_settings(config, sets)
     sys.argv = [script, *args]
     path = os.path.abspath(script)  # as `python script.py` sets __file__
+    pass_on(path, config, sets)
     sys.path.insert(0, os.path.dirname(path))
     try:
         runpy.run_path(path, run_name="__main__")
