@@ -2,6 +2,9 @@
 
 Usage: torchrun --nproc-per-node N dist_script.py CONFIG PIDS_DIR SCENARIO
    or: python dist_script.py CONFIG PIDS_DIR spawn   (two ranks by torch.multiprocessing.spawn, DDP)
+   or: obs run --config CONFIG dist_script.py CONFIG PIDS_DIR launcher   (two ranks as Lightning's DDP launcher
+       starts them: this script again by subprocess, with LOCAL_RANK and WORLD_SIZE but no RANK; rank 1 raises at
+       step 3 as in raises; obs only from obs run, no set_context)
 Each step: the gradients of a small net all_reduced (4 collectives), then the loss all_reduced and
 a stop flag broadcast from rank 0.
 
@@ -27,16 +30,26 @@ import signal
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-
-import obs
-
 config, pids, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
+
+if __name__ == "__main__" and scenario == "launcher" and "LOCAL_RANK" not in os.environ:
+    # As lightning.fabric's _SubprocessScriptLauncher (which does it once torch is imported: here before, so that the
+    # two ranks import it side by side)
+    import subprocess
+
+    from tests.recorder._jobs import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", LOCAL_RANK="0")
+    subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env={**os.environ, "LOCAL_RANK": "1"})
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import obs  # noqa: E402
 
 
 def load_batch(rank, step):
-    if step == 3 and rank == 1 and scenario == "raises":
+    if step == 3 and rank == 1 and scenario in ("raises", "launcher"):
         raise RuntimeError("rank 1 lost its data loader at step 3")
     if step == 3 and scenario in ("kill", "ddp_kill", "ddp_kill_first"):
         here = os.path.join(os.path.dirname(pids), "rank0_at_step3")
@@ -59,7 +72,8 @@ def load_batch(rank, step):
 def train(rank, world, init_method="env://"):
     with open(os.path.join(pids, f"{os.getpid()}.pid"), "w") as fh:  # the test kills whatever is left
         fh.write(str(rank))
-    obs.set_context(env_config_path=config, op_timeout=2)
+    if scenario != "launcher":
+        obs.set_context(env_config_path=config, op_timeout=2)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=6))
     torch.manual_seed(0)
@@ -100,5 +114,7 @@ if __name__ == "__main__":
         import torch.multiprocessing as mp
 
         mp.spawn(train, args=(2, f"file://{os.path.join(os.path.dirname(pids), 'store')}"), nprocs=2)
+    elif scenario == "launcher":  # rank 1 was started above
+        train(int(os.environ["LOCAL_RANK"]), 2)
     else:
         train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))

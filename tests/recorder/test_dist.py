@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from exporters.trace_reader import iter_otlp_requests, request_spans
 from obs.cli import main
 from recorder.analyze import analyze
 from recorder.bundle_reader import list_bundles, load_bundle
@@ -27,17 +28,20 @@ FIRST_OF_STEP_3 = 2 * PER_STEP + 1
 
 
 
-def torchrun(tmp_path, ranks, scenario, *, mode=1, env=None, **sections):
-    """Run the job under torchrun (``ranks=None``: the script spawns its own 2 ranks); returns (the exit code, the
-    output); no worker outlives it."""
+def torchrun(tmp_path, ranks, scenario, *, mode=1, env=None, obs_run=False, **sections):
+    """Run the job under torchrun (``ranks=None``: the script starts its own 2 ranks; ``obs_run``: under ``obs run``);
+    returns (the exit code, the output); no worker outlives it."""
     config = tmp_path / "obs.json"
     config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "mode": mode}, **sections}))
     pids = tmp_path / "pids"
     pids.mkdir()
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", **(env or {})}
-    env.pop("TORCHELASTIC_RUN_ID", None)
+    for name in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
     launcher = [] if ranks is None else ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                                          "--master-port", str(free_port()), "--monitor-interval", "0.2"]
+    if obs_run:
+        launcher += ["-m", "obs", "run", "--config", str(config)]
     cmd = [sys.executable, *launcher, SCRIPT, str(config), str(pids), scenario]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -89,18 +93,18 @@ def test_ddp_bucket_all_reduces_are_on_record_as_issued_once_each_and_analyze_co
     for rank in range(2):
         _, records = collectives(tmp_path, rank)
         buckets = [r for r in records if r["desc"].startswith("all_reduce group=default dtype=float32 sizes=[[49]]")]
-        # 4 steps, one bucket each (the net's 49 parameters), from PyTorch's Flight Recorder: no comm hook ran
+        # 4 steps, one bucket each (the net's 49 parameters), recorded by the relay as issued (the ring has them
+        # while the job runs); the Flight Recorder's copy of each is left out of the bundle
         assert [(r["state"], r["step"], r.get("source")) for r in buckets] == \
-            [("completed", step, "flight_recorder") for step in range(1, 5)], records
-        # DDP's start-up collectives (parameter shapes, module states) and the bucket rebuild's broadcasts too
-        assert [r["desc"].split(" ")[0] for r in records if r["step"] == 0] == ["all_gather", "broadcast", "broadcast"]
+            [(state, step, None) for step in range(1, 5) for state in ("scheduled", "completed")], records
+        # DDP's start-up collectives (parameter shapes, module states), issued in C++, from the Flight Recorder
+        start = [r for r in records if r["step"] == 0]
+        assert [r["desc"].split(" ")[0] for r in start] == ["all_gather", "broadcast", "broadcast"]
+        assert all(r.get("source") == "flight_recorder" for r in start)
         # one numbering for both sources (the group's own), each collective once: 3 at start, then 4 a step
         # (the bucket, the loss, the stop flag; the rebuild's 2 broadcasts at step 2)
         done = [r["group_seq"] for r in records if r["state"] == "completed"]
         assert done == list(range(1, 3 + 3 * 4 + 2 + 1)), records
-        python = [r for r in records if "source" not in r]
-        assert python and all(r["desc"].startswith(("all_reduce", "broadcast")) and "[[1]]" in r["desc"]
-                              for r in python)
     result = analyze(str(tmp_path / "rdr"))
     assert result.consistent and not result.mismatches, result.verdict
 
@@ -185,6 +189,33 @@ def test_ranks_spawned_by_torch_multiprocessing_record_in_their_rank_folders_und
             == ["completed"] * 4
     result = analyze(str(tmp_path / "rdr"))
     assert result.consistent and result.run_id in run_ids and result.world_size == 2
+
+
+def test_ranks_a_launcher_starts_without_rank_record_as_themselves_and_obs_run_follows_the_rerun_script(tmp_path):
+    """Lightning's DDP launcher: rank 1 is the script again, started by subprocess with LOCAL_RANK and WORLD_SIZE but
+    no RANK; obs only from ``obs run`` (rank 1 inherits it).  Each rank is its own everywhere once
+    init_process_group has run, and analyze blames the rank that raised."""
+    code, out = torchrun(tmp_path, None, "launcher", obs_run=True, profiler={"enable": True,
+                                                                          "output": str(tmp_path / "profile")})
+    assert code != 0 and "rank 1 lost its data loader" in out, out
+    assert sorted(n for n in os.listdir(tmp_path / "rdr") if n.startswith("rank_")) == ["rank_0", "rank_1"], out
+    hosts = set()
+    for rank in range(2):
+        bundle, _ = collectives(tmp_path, rank)
+        marker = json.loads((tmp_path / "rdr" / f"rank_{rank}" / "rdr" / "marker.json").read_text())
+        assert (bundle.manifest["rank"], bundle.manifest["world_size"]) == (rank, 2)
+        assert (marker["rank"], marker["world_size"], marker["pid"]) == (rank, 2, bundle.manifest["pid"])
+        hosts |= {bundle.manifest["host"], marker["host"]}
+    spans = {}  # rank 1's profile stays in its rank_unresolved-{pid} folder; its spans say who it is
+    for path in (tmp_path / "profile").glob("rank_*/traces.otlp.jsonl"):
+        for _, request in iter_otlp_requests(str(path)):
+            _, resource = request_spans(request)
+            spans.setdefault(resource["ml.rank"], set()).add((resource["ml.world_size"], resource["host.name"]))
+    assert {r: {w for w, _ in found} for r, found in spans.items()} == {0: {2}, 1: {2}}, spans
+    assert {h for found in spans.values() for _, h in found} == hosts and len(hosts) == 1
+    result = analyze(str(tmp_path / "rdr"))
+    assert result.world_size == 2 and result.culprits == [1], result
+    assert "lost its data loader" in {s.rank: s for s in result.ranks}[1].exception
 
 
 def test_a_rank_that_skips_an_all_reduce_is_named(tmp_path, capsys):
