@@ -31,8 +31,8 @@ def now(contents: RingContents) -> dict[str, Any]:
     marks = slots[(kinds == Kind.STEP_BEGIN) | (kinds == Kind.STEP_END)]
     module, since = _innermost_module(contents)
     collective, last_seq = _collectives(contents)
-    return {"step": int(marks["b"][-1]) if len(marks) else 0, "phase": _phase(contents, marks), "module": module,
-            "module_since_ns": since, "collective": collective, "last_seq": last_seq}
+    return {"step": int(marks["b"][-1]) if len(marks) else 0, "phase": _phase(contents, marks, since),
+            "module": module, "module_since_ns": since, "collective": collective, "last_seq": last_seq}
 
 
 def open_collective(contents: RingContents) -> dict[str, Any] | None:
@@ -42,8 +42,9 @@ def open_collective(contents: RingContents) -> dict[str, Any] | None:
     return _collectives(contents)[0]
 
 
-def _phase(contents: RingContents, marks: np.ndarray) -> dict[str, Any] | None:
-    """After a step ended, loading data; in a step, the phase after the last one that ended."""
+def _phase(contents: RingContents, marks: np.ndarray, module_since: int | None) -> dict[str, Any] | None:
+    """After a step ended, loading data; in a step, the phase after the last one that ended (``module_since``: when
+    the innermost open module was entered, or None)."""
     if not len(marks):
         return None
     last, wall = marks[-1], contents.header.wall
@@ -55,7 +56,10 @@ def _phase(contents: RingContents, marks: np.ndarray) -> dict[str, Any] | None:
         return {"name": "forward", "since_ns": wall(int(last["t"]))}
     code = int(phases["a"][-1])
     name = PHASE_NAMES[code] if 0 <= code < len(PHASE_NAMES) else f"phase_{code}"
-    return {"name": _NEXT_PHASE.get(name, name), "since_ns": wall(int(phases["d"][-1]))}
+    since = wall(int(phases["d"][-1]))
+    if name == "optimizer" and module_since is not None and module_since >= since:
+        return {"name": "forward", "since_ns": since}  # optimizer.step(closure): the optimizer called its closure
+    return {"name": _NEXT_PHASE.get(name, name), "since_ns": since}
 
 
 def _innermost_module(contents: RingContents) -> tuple[str | None, int | None]:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import random
+import time
 
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc, parse_collective_desc
-from recorder.layout import DEFAULT_CAPACITY, Kind
+from recorder.layout import DEFAULT_CAPACITY, PHASE_CODES, Kind
 from recorder.now import now
 from recorder.ring import RingWriter
 from recorder.ring_reader import read_ring
@@ -48,3 +49,20 @@ def test_the_open_collective_and_each_groups_newest_seq_match_a_plain_loop(tmp_p
         ring.close(remove=True)
         doing = now(contents)
         assert (doing["collective"], doing["last_seq"]) == _by_loop(contents), trial
+
+
+def test_a_module_called_after_the_optimizer_stopped_for_its_closure_is_forward(tmp_path):
+    ring = RingWriter(str(tmp_path / "r.obsring"), DEFAULT_CAPACITY, pid=1, rank=0, world_size=1,
+                      meta={"run_id": "j", "host": "h", "granularity": "module"})
+    step, module = ring.appender("step"), ring.appender("module")
+    net = ring.intern("Default/net-Net")
+    step(Kind.STEP_BEGIN, 0, 0, 1, 0, 0)
+    began = time.perf_counter_ns()
+    step(Kind.PHASE, 0, PHASE_CODES["optimizer"], 1, began, time.perf_counter_ns())  # optimizer.step(closure)
+    assert now(read_ring(ring.buffer()))["phase"]["name"] == "after optimizer"
+    module(Kind.MODULE_ENTER, 0, net, 1, 0, 0)  # the closure's forward
+    assert now(read_ring(ring.buffer()))["phase"]["name"] == "forward"
+    module(Kind.MODULE_EXIT, 0, net, 1, 0, 0)
+    step(Kind.PHASE, 0, PHASE_CODES["forward"], 1, began, time.perf_counter_ns())
+    assert now(read_ring(ring.buffer()))["phase"]["name"] == "backward"
+    ring.close(remove=True)
