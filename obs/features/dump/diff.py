@@ -14,7 +14,8 @@ and by their ``statistic.csv`` rows otherwise (:mod:`obs.features.dump.diff_metr
 
 An op with no inputs dumped (a parameter's row; every op of an outputs-only dump) is a producer when nothing
 diverged before it, and carried after.  An op outside every module in forward (an optimizer's update) names the
-parameter whose value is its first input (``OpDiff.parameter``).  Pure: readers in, a :class:`DiffReport` out.
+parameter whose value is its first input (``OpDiff.parameter``), none where that is ambiguous.  Pure: readers in, a
+:class:`DiffReport` out.
 
 ``diff_dumps`` keeps the earlier answer, the first tensor that diverges, as a :class:`DiffResult`.
 """
@@ -38,10 +39,22 @@ __all__ = ["DiffReport", "DiffResult", "Divergence", "OpDiff", "TensorDiff", "To
 DIVERGENT = ("producer", "carried")
 
 
+#: Ops a compiled graph runs where eager runs another: the eager op's type and its outputs.  AOT autograd
+#: functionalizes BatchNorm (two more outputs: the new running statistics eager writes in place, which the graph
+#: copies into the buffers at its end) and runs eval's without statistics.
+EAGER_TWIN = {"NativeBatchNormLegitFunctional": ("NativeBatchNorm", 3), "NativeBatchNormLegit": ("NativeBatchNorm", 3),
+              "NativeBatchNormLegitNoTraining": ("NativeBatchNorm", 3)}
+
+
 def _key(op: OpRecord) -> tuple[Hashable, Hashable, Hashable, Hashable]:
-    """An op's alignment key: kind (phase and type), place (module scope, or a parameter's name), output shapes,
-    and a fingerprint of its first output's statistics (None from tensor files)."""
-    return (op.phase, op.op_type), op.scope, op.shapes, op.fingerprint
+    """An op's alignment key: kind (phase and type, a compiled graph's op as its eager twin), place (module scope, or
+    a parameter's name), output shapes, and a fingerprint of its first output's statistics (None from tensor
+    files)."""
+    op_type, shapes = op.op_type, op.shapes
+    twin = EAGER_TWIN.get(op_type)
+    if twin is not None:
+        op_type, shapes = twin[0], shapes and shapes[:twin[1]]
+    return (op.phase, op_type), op.scope, shapes, op.fingerprint
 
 
 @dataclass(slots=True)
@@ -238,7 +251,7 @@ def _compare(a: Any, b: Any, tolerance: Tolerance, iterations: list[int] | None,
         both = [(ra.ops[i], rb.ops[j]) for i, j in pairs if i is not None and j is not None]
         compared_ops = iter(comparer.compare(both))
         sources |= comparer.sources
-        parameters = Parameters(ra)
+        updates: list[tuple[OpRecord, OpDiff]] = []  # divergent ops that may update a parameter
         for i, j in pairs:
             if j is None and i is not None:
                 op = ra.ops[i]
@@ -254,8 +267,8 @@ def _compare(a: Any, b: Any, tolerance: Tolerance, iterations: list[int] | None,
             diff = _op_diff(oa, ob, tensors, len(ops), key, diverged)
             if diff.divergent:
                 diverged = True
-                if diff.parameter is None and oa.phase == "forward" and oa.scope == "Default":
-                    diff.parameter = parameters.updated_by(oa)
+                if diff.parameter is None:
+                    updates.append((oa, diff))
                 if diff.status == "producer" and producer is None:
                     producer = diff
             if first is None:
@@ -265,6 +278,8 @@ def _compare(a: Any, b: Any, tolerance: Tolerance, iterations: list[int] | None,
                     first = Divergence(key[0], key[1], bad.row, oa.op_type, oa.name, bad.io, bad.slot, m.what, m.a,
                                        m.b)
             ops.append(diff)
+        for (_, diff), name in zip(updates, Parameters(ra).updated_by([op for op, _ in updates])):
+            diff.parameter = name
         if progress is not None:
             progress(n + 1, len(keys))
     mode = "+".join(s for s in ("tensors", "statistics") if s in sources) or "none"

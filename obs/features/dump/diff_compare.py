@@ -10,6 +10,7 @@ optimizer's op updates: the one whose value (its statistics, or its file's bytes
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Hashable
 from typing import Any, NamedTuple
 
@@ -37,11 +38,15 @@ class TensorDiff(NamedTuple):
 
 
 class Parameters:
-    """The parameters of A's step by value, to name the one an optimizer's op updates (built when first asked)."""
+    """The parameters of A's step by value, to name the one an optimizer's op updates (built when first asked).
+
+    An op outside every module in forward names the parameter whose value is its first input.  A value that two
+    parameters share (two zero biases of one shape), or that two of the ops asked about start from (Adam's zero
+    moments and a zero bias), names none: which parameter the op updates is then not told apart."""
 
     def __init__(self, records: StepRecords) -> None:
         self._records = records
-        self._by_value: dict[Hashable, str] | None = None
+        self._by_value: dict[Hashable, str | None] | None = None
 
     def _value(self, row: int) -> Hashable:
         r = self._records
@@ -50,20 +55,31 @@ class Parameters:
         path = r.path[row]  # the file's bytes: its header names dtype and shape, the rest is the values
         return None if path is None else hashlib.blake2b(safe_files.read_private(path), digest_size=16).digest()
 
-    def updated_by(self, op: OpRecord) -> str | None:
+    def _first_input(self, op: OpRecord) -> Hashable:
         r = self._records
-        first = next((row for row in r.rows(op) if r.io[row] == "input" and r.slot[row] == 0), None)
-        if first is None:
+        if op.phase != "forward" or op.scope != "Default":
             return None
+        row = next((row for row in r.rows(op) if r.io[row] == "input" and r.slot[row] == 0), None)
+        return None if row is None else self._value(row)
+
+    def _parameters(self) -> dict[Hashable, str | None]:
         if self._by_value is None:
             self._by_value = {}
-            for p in r.ops:
+            for p in self._records.ops:
                 if p.phase != "parameter":
                     break
                 if p.end > p.start:
-                    self._by_value.setdefault(self._value(p.start), p.name)
-        value = self._value(first)
-        return self._by_value.get(value) if value is not None else None
+                    value = self._value(p.start)
+                    self._by_value[value] = None if value in self._by_value else p.name
+        return self._by_value
+
+    def updated_by(self, ops: list[OpRecord]) -> list[str | None]:
+        """For each op, the parameter it updates, or None (not an op outside every module in forward, none,
+        ambiguous)."""
+        values = [self._first_input(op) for op in ops]
+        starts = Counter(v for v in values if v is not None)
+        by_value = self._parameters() if starts else {}
+        return [by_value.get(v) if v is not None and starts[v] == 1 else None for v in values]
 
 
 SAME_STATISTICS = Metrics(True, 0.0, 0.0, None, 0.0, 0.0)  #: two rows whose statistics are the same text

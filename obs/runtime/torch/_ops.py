@@ -36,13 +36,17 @@ failure_hooks: tuple[Any, ...] = ()
 #: so a handler keying what it read by tensor and version would take the output for the input it already read.
 inputs_before_writes = False
 _written: dict[Any, tuple[int, ...]] = {}  # op -> positions of the arguments it writes in place
+#: Ops that write arguments their schema does not mark as written: eager BatchNorm's running statistics in training.
+_UNDECLARED_WRITES = {"aten::native_batch_norm": (3, 4), "aten::cudnn_batch_norm": (3, 4),
+                      "aten::miopen_batch_norm": (3, 4)}
 
 
 def _written_positions(func: Any) -> tuple[int, ...]:
     found = _written.get(func)
     if found is None:
-        found = _written[func] = tuple(
-            i for i, a in enumerate(func._schema.arguments)
+        schema = func._schema
+        found = _written[func] = _UNDECLARED_WRITES.get(schema.name) or tuple(
+            i for i, a in enumerate(schema.arguments)
             if not a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
     return found
 

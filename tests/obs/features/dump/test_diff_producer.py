@@ -52,9 +52,15 @@ def dump(root, *, saved="full", lr=1e-3, steps=1, compiled=False, **model):
     config = dump_config(root, saved)
     torch.manual_seed(0)
     net = MLP(**model)
-    run = torch.compile(net, backend="aot_eager") if compiled else net
     opt = torch.optim.SGD(net.parameters(), lr=lr)
-    data = [torch.randn(8, 16) * 2 for _ in range(steps)]
+    train(config, net, opt, [torch.randn(8, 16) * 2 for _ in range(steps)], compiled=compiled)
+    return root
+
+
+def train(config, net, opt, data, *, compiled=False):
+    """A step of ``net`` per batch of ``data`` with the env config ``config`` in force, compiled with aot_eager when
+    ``compiled``."""
+    run = torch.compile(net, backend="aot_eager") if compiled else net
     obs.set_context(env_config_path=str(config))
     try:
         for x in data:
@@ -66,7 +72,6 @@ def dump(root, *, saved="full", lr=1e-3, steps=1, compiled=False, **model):
         tracker.reset()
         if compiled:
             torch._dynamo.reset()
-    return root
 
 
 def layer(op) -> int | None:
