@@ -48,7 +48,7 @@ from obs._core import outputs, safe_files
 from obs._core.demands import demands
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
-from obs.features.compiled_notice import CompiledNotice
+from obs.features.compiled_notice import INDUCTOR, CompiledNotice
 from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._layout import escape_name, inside, npy_bytes, op_type
 from obs.features.dump._rows import Op, StatisticRows, each_tensor
@@ -163,7 +163,7 @@ class DataDump:
                 + ("; their statistics are in statistic.csv, one output row per node" if self._statistics else
                    "; saved_data 'full' also gives their statistics")
                 + ". To save them, dump steps run without torch.compile, or compile with backend='aot_eager' "
-                "(its ops run one by one)"))
+                "(its ops run one by one)"), when=INDUCTOR)
         if tracker.in_step:  # turned on in the middle of a step: start with the next one
             self.active = False
         atexit.register(self._at_exit)
