@@ -19,6 +19,7 @@ from obs.features import device_context, dump, graphs, ops, rdr
 from obs.features import env_config as _env_config
 from obs.features import printing as _printing
 from obs.features import profiler as profiling
+from obs.features import torch_check as _torch_check
 from obs.features.dump import feature as _dump
 from obs.features.env_config import ObsConfigWarning, env_config
 from obs.features.graphs import dump_graph
@@ -79,8 +80,8 @@ def __dir__() -> list[str]:
 
 
 #: Every feature's applier, in the order a settings change reaches them.
-FEATURES = (_env_config.feature, _device.feature, _printing.feature, rdr.feature, profiling.feature, _dump.feature,
-            graphs.feature)
+FEATURES = (_torch_check.feature, _env_config.feature, _device.feature, _printing.feature, rdr.feature,
+            profiling.feature, _dump.feature, graphs.feature)
 
 
 class _PublicPaths:
