@@ -56,7 +56,8 @@ class RingContents:
         return self.strings[sid] if 0 <= sid < len(self.strings) else "?"
 
     def summary(self) -> dict[str, Any]:
-        """Step reached, last module entered, last op (with scope), modules still open at the end."""
+        """Step reached, the last module entered in that step (None where it called none), last op (with scope),
+        modules still open at the end."""
         out: dict[str, Any] = {"step": 0, "last_module": None, "last_op": None, "open_modules": []}
         kinds = self.slots["kind"]
         steps = self.slots[(kinds == Kind.STEP_BEGIN) | (kinds == Kind.STEP_END)]
@@ -65,7 +66,10 @@ class RingContents:
         modules = self.slots[(kinds == Kind.MODULE_ENTER) | (kinds == Kind.MODULE_EXIT)]
         if len(modules):
             enter = modules["kind"] == Kind.MODULE_ENTER
-            out["last_module"] = self.string(int(modules["a"][enter][-1])) if enter.any() else None
+            # an earlier step's module is not the last one of a step that raised before calling any
+            begins = steps["seq"][steps["kind"] == Kind.STEP_BEGIN]
+            entered = enter & (modules["seq"] > begins[-1]) if len(begins) else enter
+            out["last_module"] = self.string(int(modules["a"][entered][-1])) if entered.any() else None
             # An enter is still open if the nesting depth never drops below its level afterwards.
             depth = np.cumsum(np.where(enter, 1, -1))
             floor = np.minimum.accumulate(depth[::-1])[::-1]

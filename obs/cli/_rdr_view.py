@@ -197,6 +197,8 @@ def _header(b: Bundle, faults: Selection) -> list[tuple[str, Text]]:
                                             "bold red")))
     if m.get("last_module"):
         rows.append(("last module", _plain(m["last_module"])))
+    elif m.get("granularity") in ("module", "op") and b.info.step:
+        rows.append(("last module", _plain(f"none in step {b.info.step}")))
     if m.get("open_modules"):
         rows.append(("inside modules", _plain(" > ".join(str(x) for x in m["open_modules"]))))
     op = m.get("last_op")

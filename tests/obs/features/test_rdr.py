@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 import obs
+from obs.cli import main
 from obs.features.env_config import feature as env_feature
 from recorder.bundle_reader import list_bundles, load_bundle
 
@@ -283,3 +285,27 @@ def test_the_env_config_file_turning_a_mode_2_recorder_off_keeps_its_normal_end_
         pass
     assert obs.rdr.recorder() is None
     assert [b.reason for b in list_bundles(str(tmp_path)).bundles] == ["normal_end"]
+
+
+def test_last_module_is_the_steps_and_none_before_the_step_calls_one(tmp_path, capsys):
+    enable(tmp_path)
+    net = train(2)
+    ended = load_bundle(obs.rdr.dump("exception"))
+    assert (ended.manifest["step"], ended.manifest["last_module"]) == (2, "Default/net-Sequential/2-Linear")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def training_step(call_first):  # Lightning's closure: optimizer.step has begun step 3 when it raises
+        if call_first:
+            net[0](torch.randn(2, 4))
+        raise ValueError("boom in training_step")
+
+    bundles = []
+    for call_first in (False, True):
+        with pytest.raises(ValueError):
+            opt.step(functools.partial(training_step, call_first))
+        bundles.append(load_bundle(obs.rdr.dump("exception")))
+    opened, called = bundles
+    assert (opened.manifest["step"], opened.manifest["last_module"]) == (3, None)
+    assert main(["rdr", "show", opened.info.path]) == 0
+    assert "none in step 3" in capsys.readouterr().out
+    assert (called.manifest["step"], called.manifest["last_module"]) == (3, "Default/net-Sequential/0-Linear")
