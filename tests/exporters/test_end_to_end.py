@@ -179,11 +179,9 @@ def test_a_dead_collector_costs_spans_not_training_time(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there once closed
     url = f"http://127.0.0.1:{port}"
-    started = time.monotonic()
+    # What it costs in time is measured in tests/perf/bench_profiler.py (1,000 steps to a dead collector).
     out = train(tmp_path, {"steps": 30, "context": {"enable_profiling": True}}, {"OTEL_EXPORTER_OTLP_ENDPOINT": url})
-    took = time.monotonic() - started
     assert out.returncode == 0, out.stderr
-    assert took < 60
     assert "obs profiler dropped" in out.stderr and url in out.stderr
     status = json.loads(next((tmp_path / "obs_profile" / "rank_0").glob("status_*.json")).read_text())
     assert status["endpoint"] == url and sum(status["dropped"].values()) == status["spans"] == 150

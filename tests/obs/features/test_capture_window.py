@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 import torch
@@ -216,10 +216,13 @@ def test_windows_overlap_to_the_deeper_level_and_captures_begin_at_the_next_boun
 def test_a_capture_answer_says_queued_without_a_boundary_and_an_error_once_the_session_ends():
     windows = Windows()
     request = make_request("capture", asked_by="cli", params={"steps": 4})
-    started = time.monotonic()
-    answer = windows.handle(request, step=9, wait_s=0.05)
+    answers = []  # on a thread of its own, as on the request watcher's: it must answer before any boundary comes
+    asker = threading.Thread(target=lambda: answers.append(windows.handle(request, step=9, wait_s=0.05)), daemon=True)
+    asker.start()
+    asker.join(60)  # a guard, not a timing: a handle that waited for a boundary would still be waiting here
+    assert not asker.is_alive(), "no answer without a step boundary"
+    (answer,) = answers
     assert answer["queued"] and answer["after_step"] == 9 and answer["count"] == 4
-    assert time.monotonic() - started < 2
     windows.place(10)  # the queued one begins at the boundary, though its answer went out
     assert windows.level(10) == "task_trace" and windows.level(13) == "task_trace" and windows.level(14) is None
     windows.close()
