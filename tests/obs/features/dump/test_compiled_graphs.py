@@ -1,7 +1,9 @@
 """The data dump and the NaN check inside Inductor-compiled graphs (the graphs compute their own statistics).
 
 Inductor keeps worker threads for the rest of a process, so each case runs in a process of its own: a
-script trains a small model compiled with Inductor, without obs and with the feature on, and prints JSON.
+script trains a small model compiled with Inductor, without obs and with the feature on, and prints JSON.  Each
+case runs once for the module (``case``): the tests of the path read after the step compare against the same runs
+as the tests of the immediate path (a run compiles for 10-60 s).
 """
 
 from __future__ import annotations
@@ -101,18 +103,33 @@ def run(tmp_path, feature: str, graph_break: bool = False, defer: bool = False) 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    """``case(feature, graph_break=False, defer=False)``: (its folder, its output), run once for the module."""
+    done: dict[tuple[str, bool, bool], tuple] = {}
+
+    def get(feature: str, graph_break: bool = False, defer: bool = False):
+        key = (feature, graph_break, defer)
+        if key not in done:
+            folder = tmp_path_factory.mktemp(f"{feature}-{'break' if graph_break else 'one'}-"
+                                             f"{'later' if defer else 'now'}")
+            done[key] = folder, run(folder, feature, graph_break, defer)
+        return done[key]
+    return get
+
+
 def rows(tmp_path, iteration: int) -> list[dict[str, str]]:
     with open(tmp_path / "rank_0" / "Net" / "0" / str(iteration) / "statistic.csv", newline="") as f:
         return list(csv.DictReader(f))
 
 
 @pytest.mark.parametrize("graph_break", [False, True], ids=["one graph", "graph break"])
-def test_the_dump_has_a_row_per_node_of_the_compiled_graphs_and_the_numbers_stay(tmp_path, graph_break):
-    out = run(tmp_path, "dump", graph_break)
+def test_the_dump_has_a_row_per_node_of_the_compiled_graphs_and_the_numbers_stay(case, graph_break):
+    folder, out = case("dump", graph_break)
     assert out["with_obs"] == out["plain"]  # bit for bit: the reductions added change no kernel's result
     assert out["frames"] == out["plain_frames"]
     for iteration in (0, 1):
-        found = rows(tmp_path, iteration)
+        found = rows(folder, iteration)
         names = [r["Op Name"] for r in found]
         assert "Default_net-Net_fc1-Linear_Addmm-op0" in names, names
         relu = next(r for r in found if r["Op Type"] == "Relu")
@@ -128,32 +145,32 @@ def test_the_dump_has_a_row_per_node_of_the_compiled_graphs_and_the_numbers_stay
         assert not [n for n in names if "GraphStats" in n or "GraphBegins" in n]  # obs's own ops are no rows
 
 
-def test_the_nan_check_names_the_first_node_of_a_compiled_graph(tmp_path):
-    out = run(tmp_path, "nan")
+def test_the_nan_check_names_the_first_node_of_a_compiled_graph(case):
+    folder, out = case("nan")
     assert out["with_obs"] == out["plain"] or all(v != v for v in out["plain"])  # NaN losses: both NaN
-    found = [json.loads((d / "meta.json").read_text()) for d in (tmp_path / "rank_0" / "nan_check").iterdir()]
+    found = [json.loads((d / "meta.json").read_text()) for d in (folder / "rank_0" / "nan_check").iterdir()]
     first = min(found, key=lambda m: m["step"])
     assert first["step"] == 1 and first["phase"] == "forward"
     assert first["scope"] == "Default/net-Net" and first["op"] in ("Log", "Sub")  # log(h - 1): its first NaN
     assert first["nan"] > 0
 
 
-def test_a_mask_that_is_minus_inf_by_design_is_no_finding_of_the_module_check(tmp_path):
-    out = run(tmp_path, "mask")
+def test_a_mask_that_is_minus_inf_by_design_is_no_finding_of_the_module_check(case):
+    folder, out = case("mask")
     assert out["with_obs"] == out["plain"]
-    assert not (tmp_path / "rank_0" / "nan_check").exists()
+    assert not (folder / "rank_0" / "nan_check").exists()
 
 
 @pytest.mark.parametrize("feature", ["dump", "nan"])
-def test_statistics_read_after_the_step_give_the_same_rows_and_findings(tmp_path, feature):
+def test_statistics_read_after_the_step_give_the_same_rows_and_findings(case, feature):
     """The CUDA path (the graph's statistics kept on the device, read by a poller after the step, in their place
     among the step's other device values), driven through Inductor's CPU code."""
-    now, later = run(tmp_path / "now", feature), run(tmp_path / "later", feature, defer=True)
+    (now_path, now), (later_path, later) = case(feature), case(feature, defer=True)
     assert later["with_obs"] == now["with_obs"] or feature == "nan"  # NaN losses
     assert later["frames"] == now["frames"]
     if feature == "dump":
         for iteration in (0, 1):
-            want, got = rows(tmp_path / "now", iteration), rows(tmp_path / "later", iteration)
+            want, got = rows(now_path, iteration), rows(later_path, iteration)
             assert len(got) == len(want) > 10
             assert [{k: v for k, v in r.items() if k != "Timestamp"} for r in got] == \
                 [{k: v for k, v in r.items() if k != "Timestamp"} for r in want]
@@ -163,4 +180,4 @@ def test_statistics_read_after_the_step_give_the_same_rows_and_findings(tmp_path
         metas = [json.loads((d / "meta.json").read_text()) for d in sorted((folder / "rank_0" / "nan_check").iterdir())]
         return [{k: v for k, v in m.items() if k not in ("python_stack", "capture")} for m in metas]
 
-    assert findings(tmp_path / "later") == findings(tmp_path / "now") != []
+    assert findings(later_path) == findings(now_path) != []
