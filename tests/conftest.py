@@ -4,6 +4,7 @@ on each path, native and Python, of the parts it names (``@pytest.mark.native(PA
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import threading
 
@@ -40,6 +41,15 @@ def _reset_obs():
     obs.bus.clear()
     tracker.reset()
     set_raise_internal_errors(old)
+
+
+@pytest.fixture(autouse=True)
+def _no_fsync(monkeypatch):
+    """``os.fsync`` returns at once in the test process.  What it buys (the bytes on disk through a power cut) no
+    test can see, and on a busy disk each call took 20 ms: the recorder's markers and bundles made it a minute of
+    the suite.  A test that checks that obs fsyncs patches ``os.fsync`` itself (it still sees every call); the
+    tests' subprocesses fsync for real."""
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
 
 
 @pytest.fixture(autouse=True)
