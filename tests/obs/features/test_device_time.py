@@ -17,6 +17,7 @@ from obs import profiling
 from obs.features.profiler import device_time
 from obs.runtime import device_time as runtime_device_time
 from obs.runtime.steps import tracker
+from tests.training import train
 
 CPU, CUDA = torch._C._autograd.DeviceType.CPU, torch._C._autograd.DeviceType.CUDA
 
@@ -90,14 +91,7 @@ def fake_cuda(monkeypatch):
 
 
 def _train(steps: int, kineto: FakeKineto | None = None) -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x in obs.steps([torch.randn(4, 8) for _ in range(steps)]):
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-        if kineto is not None:
-            kineto.launch(f"gemm_step_{tracker.step}")
+    train(steps, after=None if kineto is None else lambda n, loss: kineto.launch(f"gemm_step_{tracker.step}"))
 
 
 def _trace(out) -> list[dict]:

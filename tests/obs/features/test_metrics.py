@@ -15,6 +15,7 @@ import obs
 from obs import profiling
 from obs.settings.profiler_options import metrics_exporters, prometheus_address, request
 from tests.recorder._jobs import free_port
+from tests.training import train
 
 DEFAULTS = {"enable": True, "options": "training_trace", "output": "", "endpoint": "", "protocol": "", "steps": "",
             "span_budget": 50, "module_depth": 3, "max_file_mb": 100, "metrics": "", "prometheus_host": "",
@@ -86,20 +87,12 @@ def test_obs_scalar_costs_nothing_and_checks_nothing_while_metrics_are_off(tmp_p
 
 
 def _train(steps, pause_s=0.0):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    last = None
-    for n, x in enumerate(obs.steps([torch.randn(4, 8) for _ in range(steps)]), 1):
-        opt.zero_grad()
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
+    def scalars(n, loss):
         obs.scalar("loss", loss)
         obs.scalar("step_number", n)
-        last = loss.item()
         time.sleep(pause_s)
-    return last
+
+    return train(steps, seed=0, loss=lambda out: out.pow(2).mean(), after=scalars)
 
 
 def test_a_session_serves_its_steps_and_scalars_to_prometheus_while_training(tmp_path):

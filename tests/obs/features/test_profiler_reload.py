@@ -7,7 +7,7 @@ import json
 
 import obs
 from obs import profiling
-from tests.obs.features.test_device_time import _train
+from tests.training import train as _train
 
 
 def test_a_reload_that_restarts_the_profiler_loses_no_step_and_keeps_both_sessions_files(tmp_path):

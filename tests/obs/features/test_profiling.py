@@ -11,24 +11,17 @@ import sys
 import time
 
 import pytest
-import torch
 
 import obs
 from obs import profiling
 from obs.cli import main
 from tests.exporters.receiver import Receiver
+from tests.training import train as _train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCRIPT = os.path.join(ROOT, "tests", "exporters", "train_script.py")
 
 
-def _train(steps: int) -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x in obs.steps([torch.randn(4, 8) for _ in range(steps)]):
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
 
 
 @pytest.mark.parametrize("kwargs, words", [
