@@ -64,18 +64,21 @@ def graph(bad: bool = False, backward: bool = False) -> tuple[dict, list[torch.T
 
 
 def run_graph(spec: dict, tensors: list[torch.Tensor]) -> None:
-    """The graph's two custom ops, as Inductor's code calls them, around its table of statistics."""
+    """The graph's custom ops, as Inductor's code calls them: its start, a tap per node, its statistics."""
     columns, _ = _graph_taps.wanted()
     spec = {**spec, "columns": list(columns)}
     with _graph_taps._lock:
         spec_id = len(_graph_taps._specs)
         _graph_taps._specs.append(spec)
-    torch.ops.obs.graph_begins(spec_id)
-    with suppressed():  # the graph's kernels: no op of the step
-        table = torch.cat([torch.stack([column(t, c) for c in columns]) for t in tensors])
-    torch.ops.obs.graph_stats(table, spec_id)
+    with suppressed():  # the graph's own allocation: no op of the step
+        anchor = torch.empty(0)
+    torch.ops.obs.graph_begins(anchor, spec_id)
+    mask = sum(1 << _graph_taps.COLUMNS.index(c) for c in columns)
+    rows = [torch.ops.obs.tap_stats(t, mask) for t in tensors]
+    torch.ops.obs.graph_stats(rows, spec_id)
     with suppressed():
-        table.fill_(-7.0)  # the graph's buffer, reused once the op returned: what the features keep must not change
+        for row in rows:
+            row.fill_(-7.0)  # the graph's buffers, reused once the op returned: what the features keep must not change
 
 
 def arm(tmp_path, sections: dict) -> None:
@@ -98,6 +101,43 @@ def defer(monkeypatch):
     yield on
     obs.reset_context()
     tracker.reset()
+
+
+def test_a_tap_computes_its_tensors_columns_on_its_device(monkeypatch):
+    monkeypatch.setattr(_graph_taps, "_listening", [True])
+    for t in graph(bad=True)[1] + [torch.tensor([[0.0, -2.5], [NAN, INF]], dtype=torch.bfloat16)]:
+        for columns in (_graph_taps.COLUMNS, ("nan", "pos_inf", "neg_inf"), ("l2norm",)):
+            mask = sum(1 << _graph_taps.COLUMNS.index(c) for c in columns)
+            with suppressed():
+                want = torch.stack([column(t.float(), c) for c in columns])
+            got = torch.ops.obs.tap_stats(t, mask)
+            assert got.dtype == torch.float32 and got.device == t.device
+            torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_a_row_whose_tensor_inductor_never_stored_is_left_out(monkeypatch):
+    """A tapped value Inductor keeps inside its readers' loops has no row: neither in the spec given nor in the
+    values (its NaN placeholder would read as NaN counts)."""
+    monkeypatch.setitem(demands.graph_stats, "test", (frozenset(("nan", "pos_inf", "neg_inf")), True))
+    monkeypatch.setattr(_graph_taps, "_listening", [True])
+    spec, tensors = graph(bad=True)
+    columns, _ = _graph_taps.wanted()
+    with _graph_taps._lock:
+        spec_id = len(_graph_taps._specs)
+        _graph_taps._specs.append({**spec, "columns": list(columns)})
+    _graph_taps.mark_absent(spec_id, 1)
+    mask = sum(1 << _graph_taps.COLUMNS.index(c) for c in columns)
+    rows = [torch.ops.obs.tap_stats(t, mask) for t in tensors]
+    rows[1] = torch.full_like(rows[1], NAN)
+    got = []
+    sub = bus.subscribe(Event.GRAPH_STATS, lambda spec, rows: got.append((spec, rows)))
+    try:
+        torch.ops.obs.graph_stats(rows, spec_id)
+    finally:
+        sub.remove()
+    (published, values), = got
+    assert [r["node"] for r in published["rows"]] == ["addmm", "addmm_1"]
+    assert values == [[0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]  # nan, pos_inf, neg_inf of the first and the third
 
 
 def test_graph_stats_emits_a_copy_on_the_device_and_reads_nothing(monkeypatch):
