@@ -81,7 +81,9 @@ def test_a_one_rank_ddp_bundle_holds_its_buckets_from_the_flight_recorder(tmp_pa
         config = tmp_path / "obs.json"
         config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "granularity": "step"}}))
         obs.set_context(env_config_path=str(config))
-        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        # buckets as views: the reducer averages them in place, which obs's relay hook cannot match to the bit, so
+        # they take the Flight Recorder's road (other DDP models' buckets are recorded live by the relay)
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2), gradient_as_bucket_view=True)
         for _ in range(2):
             with obs.step():
                 ddp(torch.randn(3, 4)).sum().backward()
