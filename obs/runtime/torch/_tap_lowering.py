@@ -20,6 +20,8 @@ from torch._inductor import ir
 from torch._inductor.lowering import fallback_handler, lowerings, register_lowering
 from torch._inductor.virtualized import V
 
+from obs._core.internal import report_internal_error
+
 _stats = fallback_handler(torch.ops.obs.tap_stats.default, add_to_fallback_set=False)
 _on_absent: list[Callable[[int, int], None]] = []  # what the graph pass is told of a row with no values
 
@@ -40,15 +42,21 @@ def _values() -> dict[str, Any]:
 
 @register_lowering(torch.ops.obs.tap_ref.default, type_promotion_kind=None)
 def _tap_ref(name: str) -> None:
-    node = next(n for n in V.graph.current_node.graph.nodes if n.name == name)
-    _values()[name] = V.graph.env.get(node)
+    try:  # a node a later pass replaced (Inductor's reinplacing turns a scatter into a write) is gone: no row
+        node = next((n for n in V.graph.current_node.graph.nodes if n.name == name), None)
+        _values()[name] = V.graph.env.get(node) if node is not None else None
+    except Exception as exc:  # noqa: BLE001 - reported; the graph compiles, the tap gets no row
+        report_internal_error("graph tap", exc)
 
 
 @register_lowering(torch.ops.obs.tap.default, type_promotion_kind=None)
 def _tap(name: str, columns: int, spec: int, row: int, device: torch.device) -> Any:
-    value = _values().pop(name, None)
-    if isinstance(value, ir.TensorBox) and ir.is_storage_and_layout(value):
-        return _stats(value, columns)
+    try:
+        value = _values().pop(name, None)
+        if isinstance(value, ir.TensorBox) and ir.is_storage_and_layout(value):
+            return _stats(value, columns)
+    except Exception as exc:  # noqa: BLE001 - reported; the graph compiles, the tap gets no row
+        report_internal_error("graph tap", exc)
     for tell in _on_absent:
         tell(spec, row)
     return lowerings[torch.ops.aten.full.default]([columns.bit_count()], math.nan, dtype=torch.float32,
