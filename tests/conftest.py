@@ -28,6 +28,14 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(scope="session")
+def inductor_cache(tmp_path_factory) -> str:
+    """One Inductor cache folder for the suite's compiling subprocesses (``TORCHINDUCTOR_CACHE_DIR``): its C++
+    headers and the kernels of a model compiled without obs are built once.  A graph with obs's taps is never taken
+    from it by another process (the taps' cache key holds the process id), so each feature still compiles its own."""
+    return str(tmp_path_factory.mktemp("inductor"))
+
+
 @pytest.fixture(autouse=True)
 def _reset_obs():
     """Every test starts and ends with default settings, no subscriptions and no open step."""

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_features_leave_an_inductor_graph_with_batchnorm_as_it_was(tmp_path):
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+def test_features_leave_an_inductor_graph_with_batchnorm_as_it_was(tmp_path, inductor_cache):
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": inductor_cache,
            "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", "tests.obs.runtime.compiled_corpus", "--models", "slice",
                            "--features", "nan_check module,everything", "--json"],

@@ -91,11 +91,11 @@ print(json.dumps({"plain": plain, "with_obs": with_obs, "plain_frames": plain_fr
 '''
 
 
-def run(tmp_path, feature: str, graph_break: bool = False, defer: bool = False) -> dict:
+def run(tmp_path, cache: str, feature: str, graph_break: bool = False, defer: bool = False) -> dict:
     tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
     done = subprocess.run([sys.executable, str(script), feature, str(tmp_path), "1" if graph_break else "0",
                            "1" if defer else "0"],
                           capture_output=True, text=True, timeout=600, env=env)
@@ -104,7 +104,7 @@ def run(tmp_path, feature: str, graph_break: bool = False, defer: bool = False) 
 
 
 @pytest.fixture(scope="module")
-def case(tmp_path_factory):
+def case(tmp_path_factory, inductor_cache):
     """``case(feature, graph_break=False, defer=False)``: (its folder, its output), run once for the module."""
     done: dict[tuple[str, bool, bool], tuple] = {}
 
@@ -113,7 +113,7 @@ def case(tmp_path_factory):
         if key not in done:
             folder = tmp_path_factory.mktemp(f"{feature}-{'break' if graph_break else 'one'}-"
                                              f"{'later' if defer else 'now'}")
-            done[key] = folder, run(folder, feature, graph_break, defer)
+            done[key] = folder, run(folder, inductor_cache, feature, graph_break, defer)
         return done[key]
     return get
 
