@@ -76,8 +76,14 @@ class DeviceRows:
 
 def _row(x: torch.Tensor, columns: Sequence[str]) -> torch.Tensor:
     """``columns`` (COLUMNS names) of ``x`` as one float32 vector on its device: max, min and sum over the finite
-    elements, their count, the L2 norm, and the counts of NaN, +Inf, -Inf and zeros.  Nothing is read back."""
+    elements, their count, the L2 norm, and the counts of NaN, +Inf, -Inf and zeros.  Nothing is read back on a
+    device; on the CPU one sum says whether the tensor is all finite (the common case), and then one pass or two
+    give the rest."""
     f = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    if f.device.type == "cpu":
+        total = f.sum()
+        if torch.isfinite(total):  # a NaN or an Inf makes the sum NaN or Inf (and so, rarely, does an overflow)
+            return _finite_row(f, total, columns)
     finite = torch.isfinite(f) if {"max", "min", "sum", "finite"} & set(columns) else None
     make = {
         "max": lambda: torch.where(finite, f, -math.inf).amax(),
@@ -91,6 +97,17 @@ def _row(x: torch.Tensor, columns: Sequence[str]) -> torch.Tensor:
         "zero": lambda: (f == 0).sum(),
     }
     return torch.stack([make[c]().to(torch.float32) for c in columns])
+
+
+def _finite_row(f: torch.Tensor, total: torch.Tensor, columns: Sequence[str]) -> torch.Tensor:
+    """:func:`_row` of a tensor with no NaN and no Inf, whose sum is ``total``."""
+    low, high = torch.aminmax(f) if {"max", "min"} & set(columns) else (None, None)
+    make = {
+        "max": lambda: high, "min": lambda: low, "sum": lambda: total, "finite": lambda: float(f.numel()),
+        "l2norm": lambda: torch.linalg.vector_norm(f), "nan": lambda: 0.0, "pos_inf": lambda: 0.0,
+        "neg_inf": lambda: 0.0, "zero": lambda: (f == 0).sum(),
+    }
+    return torch.tensor([float(make[c]()) for c in columns], dtype=torch.float32)
 
 
 def _columns(mask: int) -> tuple[str, ...]:
