@@ -161,13 +161,16 @@ class RdrFeature:
             self._unhook_rank_check()
             return
         if _distributed_ready():
+            # The rank first: the run id rewrites the marker, and until the move it would rewrite the one in the
+            # folder the recorder guessed (a guessed rank 0 shares rank_0 with the real rank 0's marker).
+            moved = live.resolve_rank(rank(), world_size())
             if not self._run_id_known:
                 agreed = agree_run_id(_PROPOSAL)
                 if agreed is not None:
                     _agreed[:] = [agreed]
                     self._run_id_known = True
                     live.set_run_id(agreed)
-            if live.resolve_rank(rank(), world_size()) and self._run_id_known:
+            if moved and self._run_id_known:
                 self._unhook_rank_check()
 
     def _unhook_rank_check(self) -> None:

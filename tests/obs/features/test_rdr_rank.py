@@ -20,13 +20,16 @@ def distributed(monkeypatch):
     """Call with (rank, world size): torch.distributed is up from then on, as the recorder sees it."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
+    agreed = list(rdr_feature._agreed)  # a run id an earlier test's job agreed on stays for the process: not here
+    rdr_feature._agreed.clear()
 
     def up(rank, world):
         monkeypatch.setattr(rdr_feature, "_distributed_ready", lambda: True)
         monkeypatch.setattr(rdr_feature, "rank", lambda: rank)
         monkeypatch.setattr(rdr_feature, "world_size", lambda: world)
         monkeypatch.setattr(rdr_feature, "agree_run_id", lambda proposal: "job")
-    return up
+    yield up
+    rdr_feature._agreed[:] = agreed
 
 
 def enable(tmp_path):
