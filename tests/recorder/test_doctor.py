@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -71,11 +72,14 @@ def test_top_and_analyze_name_the_rank_slow_in_its_data_loading(tmp_path, capsys
         code, out = _finish(proc, tmp_path / "pids")
     assert code == 0, out
     assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2] and all(r["alive"] for r in doc["ranks"])
-    assert doc["waited_for"] == [2], doc
+    # a snapshot taken just as the ranks leave one collective may also find a fast rank not yet in the next one
+    # ("missing from the collective the others wait in"); the straggler is rank 2 alone
+    assert 2 in doc["waited_for"], doc
     slow = doc["ranks"][2]
     assert slow["straggler"] and slow["late_phase"] == "data" and slow["lateness_s"] > 0.01
+    assert not any(r["straggler"] for r in doc["ranks"] if r["rank"] != 2), doc
     assert all(r["steps_per_s"] and r["steps_per_s"] < 6 for r in doc["ranks"])  # 0.2 s per step: under 5 steps/s
-    assert "the others wait for rank 2" in table
+    assert re.search(r"the others wait for (rank \d: [^;]*; )*rank 2: [\d.]+ ms late per step", table), table
 
     code, result = _analyze(tmp_path, capsys)
     assert code == 0 and result["consistent"]  # a straggler slows the job, it does not break it
