@@ -222,13 +222,13 @@ class Exporter:
         in ``previous``: the status file is per trainer process, and a hot reload may restart its session."""
         if not self.config.after:
             return []
-        from obs._core import safe_files
+        from obs._core.json_files import read_json
 
         try:
-            earlier = json.loads(safe_files.read_private(self._status_path(), limit=1 << 24))
+            earlier = read_json(self._status_path(), what="an exporter's status file")
         except (OSError, ValueError):
             return []
-        if not isinstance(earlier, dict) or earlier.get("ring") not in self.config.after:
+        if earlier.get("ring") not in self.config.after:
             return []
         before = earlier.pop("previous", None)
         return [*(before if isinstance(before, list) else []), earlier]

@@ -19,6 +19,7 @@ from exporters.local_files import ORIGIN_EVENT
 from exporters.spans import Span
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
+from obs._core.json_files import read_json
 
 __all__ = ["TraceFile", "TraceFolder", "iter_otlp_requests", "read_chrome_trace", "read_folder", "read_otlp_jsonl",
            "folder_files", "read_path", "read_status", "request_spans"]
@@ -250,12 +251,7 @@ def folder_files(path: str) -> tuple[list[str], list[str]]:
 
 def read_status(path: str) -> dict[str, Any]:
     """An exporter's ``status_<pid>.json`` (counts, drops, endpoint, its summary)."""
-    try:
-        status = json.loads(safe_files.read_private(path, limit=1 << 24))
-    except ValueError as exc:
-        raise DamagedFileError(f"{path}: damaged status file: {str(exc)[:80]}", path=path, offset=0) from None
-    if not isinstance(status, dict):
-        raise DamagedFileError(f"{path}: damaged status file: not a JSON object", path=path, offset=0)
+    status: dict[str, Any] = read_json(path, what="an exporter's status file")
     return status
 
 

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from obs._core import safe_files
+from obs._core.json_files import is_int, read_json
 from recorder import collective_table
 from recorder.arrival import PHASE_LABELS, STEP_WINDOW, Lineup, RankTimeline, line_up, timeline_from_events
-from recorder.bundle_reader import BAD_FILE, BundleInfo, list_bundles, load_bundle, parse_json
+from recorder.bundle_reader import BAD_FILE, BundleInfo, list_bundles, load_bundle
 from recorder.mismatch import Mismatch, mismatches
 from recorder.rank_records import CollectiveRecord, Descriptions, RankCollectives, add_arrivals, rank_collectives
 from recorder.recover import near
@@ -170,20 +171,20 @@ def _markers(root: str) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for path in near(root, "marker.json"):
         try:
-            data = parse_json(safe_files.read_private(path), path)
+            data = read_json(path, what="a rank's marker")
         except BAD_FILE:
             continue
-        if isinstance(data, dict) and _is_rank(data.get("rank")) and "unresolved" not in path:
+        if _is_rank(data.get("rank")) and "unresolved" not in path:
             out.setdefault(data["rank"], data)
     return out
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if is_int(value) else 0
 
 
 def _is_rank(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_RANKS
+    return is_int(value) and 0 <= value < _MAX_RANKS
 
 
 def _rank_of_folder(path: str) -> int | None:

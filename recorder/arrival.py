@@ -21,10 +21,11 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 
+from obs._core.json_files import is_int
 from recorder.collective_desc import COLLECTIVE_STATES, parse_collective_desc
 from recorder.layout import PHASE_NAMES, Kind
 
@@ -118,21 +119,21 @@ def timeline_from_events(rank: int, host: str, events: Iterable[Mapping[str, Any
     out = RankTimeline(rank, host)
     entered: dict[tuple[str, int], tuple[int, str, int]] = {}  # (group, seq) -> entry time, op, step
     listed = list(events)
-    newest = max((e["step"] for e in listed if _is_int(e.get("step"))), default=0)
+    newest = max((e["step"] for e in listed if is_int(e.get("step"))), default=0)
     for event in listed:
-        if _is_int(event.get("step")) and event["step"] < newest - steps:
+        if is_int(event.get("step")) and event["step"] < newest - steps:
             continue
         kind, t = event.get("kind"), event.get("t")
-        if not _is_int(t):
+        if not is_int(t):
             continue
         if kind == "collective":
             seq = event.get("group_seq")
-            if not _is_int(seq):
+            if not is_int(seq):
                 continue
             fields = parse_collective_desc(str(event.get("desc", "")))
             key, state = (str(fields.get("group", "?")), seq), event.get("state")
             step = event.get("step")
-            step = step if _is_int(step) else 0
+            step = step if is_int(step) else 0
             if state in _OPEN:
                 if key not in entered:
                     entered[key] = (t, fields["op"], step)
@@ -143,14 +144,14 @@ def timeline_from_events(rank: int, host: str, events: Iterable[Mapping[str, Any
                     enter, op, step = entered[key]
                     out.arrivals[key] = Arrival(key[0], seq, op, enter, t, True, step)
                 else:
-                    took = took if _is_int(took) and took > 0 else None
+                    took = took if is_int(took) and took > 0 else None
                     out.arrivals[key] = Arrival(key[0], seq, fields["op"], t, None if took is None else t + took, True,
                                                 step)
         elif kind == "phase":
             begin, end, step = event.get("begin_t"), event.get("end_t"), event.get("step")
-            if _is_int(begin) and _is_int(end) and _is_int(step) and end >= begin:
+            if is_int(begin) and is_int(end) and is_int(step) and end >= begin:
                 out.phases.append(Phase(step, str(event.get("phase")), begin, end))
-        elif kind in ("step_begin", "step_end") and _is_int(event.get("step")):
+        elif kind in ("step_begin", "step_end") and is_int(event.get("step")):
             _mark_step(out, event["step"], t, kind == "step_end")
     return out
 
@@ -386,5 +387,3 @@ def _overlap(waits: list[tuple[int, int]], starts: list[int], cumulative: list[i
     return max(0, total)
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -8,7 +8,6 @@ bad bundles and rings and reports them (:attr:`Listing.damaged`).
 
 from __future__ import annotations
 
-import json
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from typing import Any
 
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
+from obs._core.json_files import is_int, parse_json, read_json
 from recorder.bundle import SCHEMA_VERSION, TMP_PREFIX
 from recorder.device_fault_reader import DeviceFault, read_device_fault
 from recorder.recover import RingFile, find_rings, near
@@ -30,6 +30,8 @@ EVENT_KINDS = ("step_begin", "step_end", "phase", "module_enter", "module_exit",
 
 #: errors that make one bundle or ring unreadable (listing reports them and goes on)
 BAD_FILE = (DamagedFileError, NotOurFileError, UnsafePathError, OSError)
+
+_JSON_LIMIT = 1 << 26  # bytes of a manifest, exception or stacks file: far more than a dump writes
 
 
 @dataclass(frozen=True)
@@ -71,26 +73,8 @@ class Selection:
     matched: int
 
 
-def parse_json(data: bytes, path: str, *, base: int = 0) -> Any:
-    """``data`` (found at byte ``base`` of ``path``) as JSON; a :class:`DamagedFileError` with the byte offset
-    when it is not JSON."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DamagedFileError(f"{path}: not UTF-8 at byte {base + exc.start}", path=path,
-                               offset=base + exc.start) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        at = base + len(text[:exc.pos].encode("utf-8"))
-        raise DamagedFileError(f"{path}: not valid JSON at byte {at} ({exc.msg})", path=path, offset=at) from None
-    except (ValueError, RecursionError) as exc:  # nesting too deep, an integer too long
-        raise DamagedFileError(f"{path}: unreadable JSON at byte {base} ({type(exc).__name__}: "
-                               f"{str(exc)[:80] or 'nested too deeply'})", path=path, offset=base) from None
-
-
-def _read_json(path: str) -> Any:
-    return parse_json(safe_files.read_private(path), path)
+def _read_json(path: str, what: str, expect: type | None = None) -> Any:
+    return read_json(path, what=what, limit=_JSON_LIMIT, expect=expect)
 
 
 @dataclass
@@ -148,7 +132,7 @@ class Bundle:
             if not line.strip():
                 continue
             event = parse_json(line, path, base=start)
-            if not isinstance(event, dict) or not _is_int(event.get("t")) or not _is_int(event.get("step")):
+            if not isinstance(event, dict) or not is_int(event.get("t")) or not is_int(event.get("step")):
                 raise DamagedFileError(f"{path}: byte {start} is not an event with an integer t and step: "
                                        f"{_short(line)}", path=path, offset=start)
             step: int = event["step"]
@@ -178,18 +162,14 @@ class Bundle:
                     continue
                 event = parse_json(line, path, base=at)
                 if not isinstance(event, dict) or not isinstance(event.get("kind"), str) \
-                        or not _is_int(event.get("seq")) or not _is_int(event.get("t")):
+                        or not is_int(event.get("seq")) or not is_int(event.get("t")):
                     raise DamagedFileError(f"{path}: line {number} (byte {at}) is not an event (an object with an "
                                            f"integer seq and t and a kind): {_short(line)}", path=path, offset=at)
-                if event["kind"] in ("step_begin", "step_end") and _is_int(event.get("step")):
+                if event["kind"] in ("step_begin", "step_end") and is_int(event.get("step")):
                     step = event["step"]
                 elif "step" not in event and step is not None:
                     event["step"] = step
                 yield event
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _short(data: bytes) -> str:
@@ -215,11 +195,11 @@ def _manifest(path: str) -> dict[str, Any]:
     if not os.path.lexists(file):
         raise NotOurFileError(f"{path!r} is not an RDR bundle (no manifest.json); list bundles with `obs rdr ls`",
                               path=path)
-    data = _read_json(file)
-    if not isinstance(data, dict) or "schema_version" not in data:
+    data: dict[str, Any] = _read_json(file, "an RDR manifest", dict)
+    if "schema_version" not in data:
         raise NotOurFileError(f"{file}: not an RDR manifest (no schema_version)", path=file)
     version = data["schema_version"]
-    if not _is_int(version) or version < 1:
+    if not is_int(version) or version < 1:
         raise DamagedFileError(f"{file}: schema_version must be a whole number >= 1 (got {_short_value(version)})",
                                path=file, offset=0)
     if version > SCHEMA_VERSION:
@@ -296,7 +276,7 @@ def _exception(path: str) -> dict[str, Any] | None:
     file = os.path.join(path, "exception.json")
     if not os.path.lexists(file):
         return None
-    data = _read_json(file)
+    data = _read_json(file, "an exception record")
     if not isinstance(data, dict) or not isinstance(data.get("traceback", ""), str) \
             or not all(isinstance(data.get(k, ""), str) for k in ("type", "message")):
         raise DamagedFileError(f"{file}: not an exception record (an object with string type, message and "
@@ -308,14 +288,14 @@ def _stacks(path: str) -> list[dict[str, Any]]:
     file = os.path.join(path, "stacks.json")
     if not os.path.lexists(file):
         return []
-    data = _read_json(file)
+    data = _read_json(file, "a bundle's stacks")
     if not isinstance(data, list):
         raise DamagedFileError(f"{file}: stacks must be a JSON list of threads", path=file, offset=0)
     for i, thread in enumerate(data):
         ok = isinstance(thread, dict) and isinstance(thread.get("thread"), str) \
             and isinstance(thread.get("frames"), list) \
             and all(isinstance(f, dict) and isinstance(f.get("file"), str) and isinstance(f.get("function"), str)
-                    and (f.get("line") is None or _is_int(f.get("line"))) and isinstance(f.get("code", ""), str)
+                    and (f.get("line") is None or is_int(f.get("line"))) and isinstance(f.get("code", ""), str)
                     for f in thread["frames"])
         if not ok:
             raise DamagedFileError(f"{file}: thread {i} is not a stack (an object with a string thread and frames "

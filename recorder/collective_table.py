@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 
 from obs._core.errors import DamagedFileError
+from obs._core.json_files import is_int
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
 from recorder.layout import Kind
 
@@ -117,7 +118,7 @@ def decode(data: bytes, path: str) -> CollectiveTable:
         raise DamagedFileError(f"{path}: {_FORMAT} version {head.get('version')!r}; this obs reads version "
                                f"{_VERSION}", path=path, offset=0)
     at, rows_said = line_end + 1, head.get("rows")
-    if not _is_int(rows_said) or rows_said < 0 or rows_said * ROW_DTYPE.itemsize != len(data) - at:
+    if not is_int(rows_said) or rows_said < 0 or rows_said * ROW_DTYPE.itemsize != len(data) - at:
         raise DamagedFileError(f"{path}: its header says {rows_said!r} rows of {ROW_DTYPE.itemsize} bytes, "
                                f"{len(data) - at} bytes follow (torn?)", path=path, offset=at)
     rows = np.frombuffer(data, dtype=ROW_DTYPE, count=rows_said, offset=at)
@@ -138,9 +139,7 @@ def runs(group: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     return order, first, np.append(first[1:], len(order)) - 1
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _int(value: Any) -> int:
-    return value if _is_int(value) and -(1 << 63) <= value < (1 << 63) else 0
+    return value if is_int(value) and -(1 << 63) <= value < (1 << 63) else 0

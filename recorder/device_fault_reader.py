@@ -6,13 +6,13 @@ Pure: files in, a :class:`DeviceFault` out (None when the bundle's fault was no 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError
+from obs._core.json_files import read_json
 
 __all__ = ["DeviceFault", "read_device_fault"]
 
@@ -53,13 +53,7 @@ def read_device_fault(bundle: str) -> DeviceFault | None:
     file = os.path.join(bundle, "device_fault.json")
     if not os.path.lexists(file):
         return None
-    try:
-        data = json.loads(safe_files.read_private(file).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise DamagedFileError(f"{file}: not a JSON device fault record ({type(exc).__name__})", path=file,
-                               offset=0) from None
-    if not isinstance(data, dict):
-        raise DamagedFileError(f"{file}: a device fault record must be a JSON object", path=file, offset=0)
+    data = read_json(file, what="a device fault record")
     values: dict[str, Any] = {}
     for key, (types, default) in _KEYS.items():
         value = data.get(key, default)

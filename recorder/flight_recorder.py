@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from obs._core.json_files import is_int
 from recorder import collective_table
 from recorder.collective_desc import collective_desc, parse_collective_desc
 
@@ -160,4 +161,4 @@ def _time(line: str) -> int:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if is_int(value) else 0

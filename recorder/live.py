@@ -9,7 +9,6 @@ peers wait in now, or one late at every collective.
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import time
@@ -17,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from obs._core import safe_files
+from obs._core.json_files import read_json
 from recorder.arrival import Lineup, RankTimeline, line_up, timeline_from_contents
 from recorder.layout import Kind
 from recorder.now import now
@@ -141,10 +141,10 @@ def _agreed_run_id(folder: str, pid: int) -> str | None:
     """The run id the ranks agreed on once torch.distributed was up, from the rank's marker (the ring's header
     keeps the process's first proposal; the agreed one is a blob, which a live view does not read)."""
     try:
-        marker = json.loads(safe_files.read_private(os.path.join(folder, "marker.json")))
-    except (*RING_ERRORS, UnicodeDecodeError):
+        marker = read_json(os.path.join(folder, "marker.json"), what="a rank's marker")
+    except RING_ERRORS:
         return None
-    if isinstance(marker, dict) and marker.get("pid") == pid and isinstance(marker.get("run_id"), str):
+    if marker.get("pid") == pid and isinstance(marker.get("run_id"), str):
         return str(marker["run_id"])
     return None
 

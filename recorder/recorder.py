@@ -25,6 +25,7 @@ import numpy as np
 from obs._core import outputs, safe_files
 from obs._core.events import Event
 from obs._core.internal import report_internal_error
+from obs._core.json_files import read_json
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
@@ -489,10 +490,10 @@ def _unlink_marker(folder: str, pid: int) -> None:
     one until torch.distributed told it otherwise)."""
     path = os.path.join(folder, "marker.json")
     try:
-        if json.loads(safe_files.read_private(path, limit=1 << 20)).get("pid") != pid:
+        if read_json(path, what="a rank's marker", limit=1 << 20).get("pid") != pid:
             return
         os.unlink(path)
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
         pass
 
 

@@ -38,12 +38,13 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
 from obs._core.internal import report_internal_error
-from recorder.bundle_reader import BAD_FILE, parse_json
+from obs._core.json_files import is_int, read_json
+from recorder.bundle_reader import BAD_FILE
 
 __all__ = ["MAX_AGE_S", "MAX_BYTES", "POLL_S", "REQUESTS", "Handler", "Request", "RequestWatcher", "answer_path", "ask",
            "make_request", "read_answers", "read_request", "remove_request", "request_path", "requests_dir",
@@ -111,36 +112,21 @@ def write_request(root: str, request: Request) -> str:
     return path
 
 
-def _read_small(path: str) -> Any:
-    """The JSON of ``path``: a regular file of this user (never a symlink) of at most :data:`MAX_BYTES`."""
-    fd = safe_files.open_private(path)
-    with os.fdopen(fd, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size > MAX_BYTES:
-            raise NotOurFileError(f"{path}: {size} bytes, more than a request or answer ever holds ({MAX_BYTES}); "
-                                  "not read", path=path)
-        return parse_json(fh.read(MAX_BYTES + 1), path)
-
-
 def read_request(path: str) -> Request:
     """The request in ``path``; :class:`NotOurFileError` / :class:`DamagedFileError` / :class:`UnsafePathError`
     (an ``OSError``) when it is not one."""
     found = _REQUEST.fullmatch(os.path.basename(path))
-    data = _read_small(path)
-    if found is None or not isinstance(data, dict):
+    data = read_json(path, what="a request", limit=MAX_BYTES)
+    if found is None:
         raise NotOurFileError(f"{path}: not a request (a JSON object in a file named KIND-ID.json)", path=path)
     kind, rid = found.groups()
     created, asked_by = data.get("created_ns"), data.get("asked_by")
     params, host, pid = data.get("params", {}), data.get("host", ""), data.get("pid", 0)
-    if (data.get("kind"), data.get("id")) != (kind, rid) or not _is_int(created) or not isinstance(asked_by, str) \
-            or not isinstance(params, dict) or not isinstance(host, str) or not _is_int(pid):
+    if (data.get("kind"), data.get("id")) != (kind, rid) or not is_int(created) or not isinstance(asked_by, str) \
+            or not isinstance(params, dict) or not isinstance(host, str) or not is_int(pid):
         raise DamagedFileError(f"{path}: not a request: kind and id must match the file's name, created_ns and pid "
                                "be whole numbers, asked_by and host strings, params an object", path=path, offset=0)
     return Request(kind, rid, created, asked_by, params, host, pid)
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def write_answer(folder: str, request: Request, rank: int, answer: Mapping[str, Any]) -> str | None:
@@ -183,12 +169,9 @@ def read_answers(folder: str, request: Request) -> tuple[dict[int, dict[str, Any
             continue
         path = os.path.join(folder, name)
         try:
-            data = _read_small(path)
+            data = read_json(path, what="an answer", limit=MAX_BYTES)
         except BAD_FILE as exc:
             problems.append(exc)
-            continue
-        if not isinstance(data, dict):
-            problems.append(NotOurFileError(f"{path}: not an answer (a JSON object)", path=path))
             continue
         answers[int(found.group(3))] = data
     return answers, problems
@@ -232,7 +215,7 @@ def ask(roots: Iterable[str], kind: str, expected: Collection[tuple[str, int, in
                 found, _problems = read_answers(requests_dir(root), request)  # a bad file is read again, then missing
                 for rank, answer in found.items():
                     pid = answer.get("pid")
-                    answers[(root, rank, pid if _is_int(pid) else -1)] = answer
+                    answers[(root, rank, pid if is_int(pid) else -1)] = answer
             if all(key in answers for key in expected) or time.monotonic() >= deadline:
                 break
             time.sleep(poll_s)

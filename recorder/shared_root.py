@@ -14,6 +14,7 @@ import json
 import os
 
 from obs._core import safe_files
+from obs._core.json_files import read_json
 
 __all__ = ["NOTE", "leave", "make"]
 
@@ -63,12 +64,12 @@ def leave(made: list[str], root: str) -> None:
     try:
         if os.listdir(root) != [NOTE]:
             return
-        data = json.loads(safe_files.read_private(note, limit=1 << 16))
+        data = read_json(note, what="the root's note", limit=1 << 16)
         os.unlink(note)
         os.rmdir(root)
     except (OSError, ValueError):  # another rank took it away first, or came in
         return
-    above = data.get("made", []) if isinstance(data, dict) else []
+    above = data.get("made", [])
     for path in above:  # only folders above the root: a note is never a way to remove anything else
         if not (isinstance(path, str) and root.startswith(path.rstrip(os.sep) + os.sep)):
             return

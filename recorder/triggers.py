@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
-import json
 import os
 import sys
 import threading
@@ -27,6 +26,7 @@ from typing import Any
 
 from obs._core import safe_files
 from obs._core.internal import report_internal_error
+from obs._core.json_files import read_json
 from recorder import signals
 from recorder.recorder import Recorder
 from recorder.requests import Request, RequestWatcher, make_request, remove_request, write_answer, write_request
@@ -252,7 +252,7 @@ class Triggers:
             self._stall = (progress(recorder), path)
         answer: dict[str, Any] = {"bundle": path}
         try:
-            manifest = json.loads(safe_files.read_private(os.path.join(path, "manifest.json")))
+            manifest = read_json(os.path.join(path, "manifest.json"), what="an RDR manifest")
             answer.update(step=manifest.get("step"), now=manifest.get("now"))
         except (OSError, ValueError) as exc:  # the bundle is there; the answer only goes without its summary
             report_internal_error("rdr requests: reading back a snapshot's manifest", exc)

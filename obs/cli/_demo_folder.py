@@ -12,6 +12,7 @@ from typing import Any
 
 from obs._core import safe_files
 from obs._core.errors import ObsError
+from obs._core.json_files import read_json
 
 __all__ = ["DEMO_FOLDER", "MARKER", "DemoFolderError", "Tour", "prepare_folder"]
 
@@ -36,12 +37,12 @@ def _is_demo_folder(path: str) -> str | None:
     if info.st_uid != os.geteuid():
         return f"it belongs to uid {info.st_uid}, not to this user"
     try:
-        data = json.loads(safe_files.read_private(os.path.join(path, MARKER), limit=4096))
+        data = read_json(os.path.join(path, MARKER), what="the demo's marker", limit=4096)
     except FileNotFoundError:
         return f"it holds no {MARKER}"
     except (OSError, ValueError):
         return f"its {MARKER} is not the demo's"
-    if not isinstance(data, dict) or data.get("written_by") != _MARKER_DATA["written_by"]:
+    if data.get("written_by") != _MARKER_DATA["written_by"]:
         return f"its {MARKER} is not the demo's"
     return None
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import operator
 import os
 import re
@@ -32,6 +31,7 @@ import numpy as np
 
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
+from obs._core.json_files import read_json
 from obs.features.dump.statistic_csv import FIXED_COLUMNS
 from obs.settings.dump_config import CATEGORY_COLUMNS
 
@@ -237,10 +237,10 @@ def initial_iteration(rank_dir: str) -> int | None:
     the JSON leaves it out, as MindSpore's default); None where there is no such file or it is not readable."""
     path = os.path.join(rank_dir, ".dump_metadata", "data_dump.json")
     try:
-        data = json.loads(safe_files.read_private(path, limit=1 << 20))
-    except (OSError, ValueError, RecursionError):  # absent, unreadable, not JSON, nested too deep
+        data = read_json(path, what="the data dump's config", limit=1 << 20)
+    except (OSError, ValueError):  # absent, unreadable, not JSON
         return None
-    common = data.get("common_dump_settings") if isinstance(data, dict) else None
+    common = data.get("common_dump_settings")
     value = common.get("initial_iteration", 0) if isinstance(common, dict) else None
     return value if type(value) is int and value >= 0 else None
 
@@ -322,10 +322,9 @@ class DumpReader:
                     if name.startswith(".") or not os.path.isfile(meta_path):
                         continue
                     try:
-                        meta = json.loads(safe_files.read_private(meta_path, limit=1 << 24))
+                        meta = read_json(meta_path, what="a capture's meta.json")
                     except (ValueError, OSError):
                         meta = {"unreadable": True}
-                    meta = meta if isinstance(meta, dict) else {}
                     step = meta.get("step")
                     iteration = first + step - 1 if first is not None and type(step) is int and step > 0 else None
                     out.append(Capture(kind, os.path.join(folder, name), meta, rank, iteration))

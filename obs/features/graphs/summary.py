@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import difflib
 import glob
-import json
 import os
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
+from obs._core.json_files import read_json
 from obs.features.graphs.folder import INDEX
 from obs.features.graphs.model import Abstract, IrFile, format_abstract
 from obs.features.graphs.reader import read_ir
@@ -97,7 +96,7 @@ def _from_index(folder: str, prefix: str, listing: Listing) -> list[Listed]:
     if not os.path.lexists(path):
         return []
     try:
-        data = json.loads(safe_files.read_private(path, limit=_INDEX_LIMIT, owned=False))
+        data = read_json(path, what="a graph index", limit=_INDEX_LIMIT, owned=False)
         entries = data["graphs"]
         out = []
         for e in entries:

@@ -26,7 +26,6 @@ trace files and ``status_{pid}.json`` (counts, drops, the summary) written by th
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -39,6 +38,7 @@ from typing import Any
 
 from obs._core import outputs, safe_files
 from obs._core.events import Event
+from obs._core.json_files import read_json
 from obs.features.profiler import device_time, scalars
 from obs.features.profiler.window import CAPTURE, Windows
 from obs.settings.profiler_options import LEVELS, CaptureWindow, ProfileRequest
@@ -430,7 +430,7 @@ def _own_status(status: dict[str, Any] | None, ring: str) -> dict[str, Any] | No
 
 def _read_status(path: str) -> dict[str, Any] | None:
     try:
-        data = json.loads(safe_files.read_private(path, limit=1 << 24))
+        data: dict[str, Any] = read_json(path, what="an exporter's status file")
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    return data
