@@ -137,21 +137,10 @@ def write_answer(folder: str, request: Request, rank: int, answer: Mapping[str, 
     data = {"request": request.id, "kind": request.kind, "rank": rank, "host": socket.gethostname(),
             "pid": os.getpid(), "answered_ns": time.time_ns(), **answer}
     path = answer_path(folder, request, rank)
-    tmp = safe_files.temp_path(path)
-    try:
-        fd = safe_files.create_file(tmp, folder_ready=True)  # O_EXCL|O_NOFOLLOW, 0600, in the asker's folder
+    try:  # in the asker's folder, as it is: never made again
+        safe_files.write_atomic(path, json.dumps(data, indent=2, default=str), fsync=False, folder_ready=True)
     except FileNotFoundError:  # the asker removed the folder in between
         return None
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(data, indent=2, default=str))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
     return path
 
 

@@ -150,10 +150,13 @@ def temp_path(path: str) -> str:
     return os.path.join(folder, f".{base}.tmp-{secrets.token_hex(8)}")
 
 
-def write_atomic(path: str, data: bytes | str, *, fsync: bool = True) -> None:
-    """Replace ``path`` with ``data`` through a fresh temporary file and a rename (readers see old or new)."""
+def write_atomic(path: str, data: bytes | str, *, fsync: bool = True, folder_ready: bool = False) -> None:
+    """Replace ``path`` with ``data`` through a fresh temporary file and a rename (readers see old or new).
+
+    ``folder_ready``: the folder is not made when missing (see :func:`create_file`): a ``FileNotFoundError``
+    then, for a writer into a folder someone else owns and may remove."""
     tmp = temp_path(path)
-    fd = create_file(tmp)
+    fd = create_file(tmp, folder_ready=folder_ready)
     try:
         view = memoryview(data.encode() if isinstance(data, str) else data)
         while view:

@@ -25,6 +25,15 @@ def test_safe_name_makes_one_harmless_path_component_of_anything():
     assert name("..", keep=keep, runs=False) == "__"
 
 
+def test_an_atomic_write_into_a_folder_someone_else_owns_never_makes_the_folder_again(tmp_path):
+    gone = tmp_path / "requests" / "answer.json"
+    with pytest.raises(FileNotFoundError):
+        safe_files.write_atomic(str(gone), "{}", fsync=False, folder_ready=True)
+    assert not gone.parent.exists()
+    safe_files.write_atomic(str(gone), "{}", fsync=False)  # a writer of its own folder makes it
+    assert gone.read_text() == "{}" and os.listdir(gone.parent) == ["answer.json"]
+
+
 def test_open_append_takes_a_regular_file_and_refuses_a_symlink_or_a_folder(tmp_path):
     target = tmp_path / "dump.csv"
     safe_files.write_new(str(target), b"a\n")
