@@ -20,6 +20,7 @@ from exporters.spans import Span
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
 from obs._core.json_files import read_json
+from obs._core.rank_folders import folder_rank, unresolved
 
 __all__ = ["TraceFile", "TraceFolder", "iter_otlp_requests", "read_chrome_trace", "read_folder", "read_otlp_jsonl",
            "folder_files", "read_path", "read_status", "request_spans"]
@@ -236,7 +237,7 @@ def _ordered(folder: str, pattern: str) -> list[str]:
 def folder_files(path: str) -> tuple[list[str], list[str]]:
     """(trace files, status files) of an output folder (``obs_profile``) or one rank's folder: per rank, its OTLP
     JSON lines files (or, when there are none, its Chrome traces), rotated ones first."""
-    ranks = sorted(os.path.join(path, d) for d in os.listdir(path) if re.fullmatch(r"rank_(\d+|unresolved-\d+)", d)
+    ranks = sorted(os.path.join(path, d) for d in os.listdir(path) if (folder_rank(d) is not None or unresolved(d))
                    and os.path.isdir(os.path.join(path, d))) or [path]
     traces: list[str] = []
     statuses: list[str] = []

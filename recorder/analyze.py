@@ -28,6 +28,7 @@ from typing import Any, TypeGuard
 
 from obs._core import safe_files
 from obs._core.json_files import is_int, read_json
+from obs._core.rank_folders import folder_rank, unresolved
 from recorder import collective_table
 from recorder.arrival import PHASE_LABELS, STEP_WINDOW, Lineup, RankTimeline, line_up, timeline_from_events
 from recorder.bundle_reader import BAD_FILE, BundleInfo, list_bundles, load_bundle
@@ -174,7 +175,7 @@ def _markers(root: str) -> dict[int, dict[str, Any]]:
             data = read_json(path, what="a rank's marker")
         except BAD_FILE:
             continue
-        if _is_rank(data.get("rank")) and "unresolved" not in path:
+        if _is_rank(data.get("rank")) and not unresolved(os.path.basename(os.path.dirname(os.path.dirname(path)))):
             out.setdefault(data["rank"], data)
     return out
 
@@ -189,8 +190,9 @@ def _is_rank(value: Any) -> TypeGuard[int]:
 
 def _rank_of_folder(path: str) -> int | None:
     for part in reversed(path.split(os.sep)):
-        if part.startswith("rank_") and part[5:].isdigit():
-            return int(part[5:])
+        rank = folder_rank(part)
+        if rank is not None:
+            return rank
     return None
 
 

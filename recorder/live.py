@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from obs._core import safe_files
 from obs._core.json_files import read_json
+from obs._core.rank_folders import unresolved
 from recorder.arrival import Lineup, RankTimeline, line_up, timeline_from_contents
 from recorder.layout import Kind
 from recorder.now import now
@@ -133,7 +134,7 @@ def _read_one(path: str) -> tuple[RankNow, RankTimeline | None, int]:
         return RankNow(-1, "", -1, path, False, error=failed), None, 0
     row = rank_now(contents, path, alive)
     row.run_id = _agreed_run_id(os.path.dirname(path), row.pid) or row.run_id
-    row.resolved = not os.path.basename(os.path.dirname(os.path.dirname(path))).startswith("rank_unresolved")
+    row.resolved = not unresolved(os.path.basename(os.path.dirname(os.path.dirname(path))))
     return row, timeline_from_contents(contents), contents.header.wall_ns
 
 

@@ -26,6 +26,7 @@ from obs._core import outputs, safe_files
 from obs._core.events import Event
 from obs._core.internal import report_internal_error
 from obs._core.json_files import read_json
+from obs._core.rank_folders import rank_folder
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle
 from recorder.collective_desc import COLLECTIVE_STATES, collective_desc
@@ -67,8 +68,7 @@ def rdr_dir(path: str, rank: int, *, pending_pid: int | None = None) -> str:
     ``pending_pid``: the rank is not known yet (a launcher gave no ``RANK``: ``torch.multiprocessing.spawn``,
     Lightning's; before ``init_process_group``): ``rank_unresolved-{pid}/rdr``, one folder per process, until it is.
     """
-    folder = f"rank_unresolved-{pending_pid}" if pending_pid is not None else f"rank_{rank}"
-    return os.path.join(path or os.getcwd(), folder, "rdr")
+    return os.path.join(path or os.getcwd(), rank_folder(rank, unresolved_pid=pending_pid), "rdr")
 
 
 class Recorder:

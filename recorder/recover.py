@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
+from obs._core.rank_folders import GLOB
 from recorder.assemble import bundle_parts
 from recorder.bundle import bundle_name, write_bundle, write_json_atomic
 from recorder.graph_texts import read_graphs
@@ -60,7 +61,7 @@ class Recovery:
 
 #: where RDR files sit relative to what a user passes: an rdr folder, a rank folder, an RDR root,
 #: or a folder of runs each with its root (bounded globs: never a walk of a whole tree)
-_LEVELS = ("", "rdr", "rank_*/rdr", "*/rank_*/rdr", "*/*/rank_*/rdr")
+_LEVELS = ("", "rdr", f"{GLOB}/rdr", f"*/{GLOB}/rdr", f"*/*/{GLOB}/rdr")
 
 
 def near(path: str, pattern: str) -> list[str]:

@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 from obs._core import outputs, safe_files
+from obs._core.rank_folders import rank_folder
 from obs.features.dump._layout import escape_name, inside, npy_bytes
 from obs.features.dump._tensors import describe, host_array, tensors_in
 
@@ -63,7 +64,7 @@ def write_capture(root: str, rank: int, kind: str, scope: str, meta: dict[str, A
     the N-th tensor of a group becomes ``{prefix}.N.npy``.  ``what`` names the folder in ``obs run``'s
     list of written files.
     """
-    parent = inside(root, f"rank_{rank}", kind)
+    parent = inside(root, rank_folder(rank), kind)
     safe_files.ensure_dir(parent)
     final = _free_name(parent, f"{_stamp()}_{escape_name(scope or meta.get('op') or 'unknown', limit=120)}")
     tmp = safe_files.temp_path(final)

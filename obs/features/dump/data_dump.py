@@ -48,6 +48,7 @@ from obs._core import outputs, safe_files
 from obs._core.demands import demands
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs._core.rank_folders import rank_folder
 from obs.features.compiled_notice import INDUCTOR, CompiledNotice
 from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._layout import escape_name, inside, npy_bytes, op_type
@@ -244,7 +245,7 @@ class DataDump:
 
     # -- folders ----------------------------------------------------------------------------------
     def rank_dir(self) -> str:
-        return inside(self.config.path, f"rank_{rank()}")
+        return inside(self.config.path, rank_folder(rank()))
 
     def _write_metadata(self) -> None:
         meta = inside(self.rank_dir(), ".dump_metadata", escape=False)

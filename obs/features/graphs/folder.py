@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from obs._core import outputs, safe_files
+from obs._core.rank_folders import rank_folder
 from obs._core.safe_files import safe_name
 
 __all__ = ["INDEX", "VERBOSE_DIR", "GraphFiles", "Written", "graph_folder", "next_number", "render_svg"]
@@ -48,7 +49,7 @@ def graph_folder(base: str) -> str:
     dist = sys.modules.get("torch.distributed")
     distributed = dist is not None and dist.is_available() and dist.is_initialized()
     if distributed or world_size() > 1:
-        return os.path.join(base, f"rank_{rank()}")
+        return os.path.join(base, rank_folder(rank()))
     return base
 
 

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from obs._core import rank_folders
 from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
 from obs._core.json_files import read_json
 from obs.features.graphs.folder import INDEX
@@ -58,7 +59,7 @@ class Listing:
 
 def _folders(path: str) -> list[str]:
     """``path`` and its ``rank_*`` folders (graphs of a distributed job)."""
-    ranks = sorted(glob.glob(os.path.join(glob.escape(path), "rank_*")))
+    ranks = sorted(glob.glob(os.path.join(glob.escape(path), rank_folders.GLOB)))
     return [path] + [r for r in ranks if os.path.isdir(r) and not os.path.islink(r)]
 
 

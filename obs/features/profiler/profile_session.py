@@ -39,6 +39,7 @@ from typing import Any
 from obs._core import outputs, safe_files
 from obs._core.events import Event
 from obs._core.json_files import read_json
+from obs._core.rank_folders import rank_folder
 from obs.features.profiler import device_time, scalars
 from obs.features.profiler.window import CAPTURE, Windows
 from obs.settings.profiler_options import LEVELS, CaptureWindow, ProfileRequest
@@ -85,7 +86,7 @@ class ProfileSession:
         self.pid = os.getpid()
         # A process whose rank is a guess (a launcher gave no RANK; before init_process_group) never shares a rank's
         # folder: it keeps rank_unresolved-{pid}, its spans carry the rank set_identity() gives.
-        self.folder = os.path.join(request.output, f"rank_{rank}" if rank_known else f"rank_unresolved-{self.pid}")
+        self.folder = os.path.join(request.output, rank_folder(rank, unresolved_pid=None if rank_known else self.pid))
         self.identity_known = False  #: set_identity() ran (or the launcher told rank and run id up front)
         safe_files.ensure_dir(self.folder)
         self.ring_path = os.path.join(self.folder, f"profile_{self.pid}_{ProfileSession._serial}.obsring")
