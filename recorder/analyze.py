@@ -34,7 +34,7 @@ from recorder.arrival import PHASE_LABELS, STEP_WINDOW, Lineup, RankTimeline, li
 from recorder.bundle_reader import BAD_FILE, BundleInfo, list_bundles, load_bundle
 from recorder.mismatch import Mismatch, mismatches
 from recorder.rank_records import CollectiveRecord, Descriptions, RankCollectives, add_arrivals, rank_collectives
-from recorder.recover import near
+from recorder.ring_files import near
 from recorder.stacks import is_hidden, is_library, is_wrapper
 
 __all__ = ["Analysis", "CollectiveRecord", "Mismatch", "RankState", "Straggler", "analyze"]

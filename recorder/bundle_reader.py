@@ -19,7 +19,7 @@ from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
 from obs._core.json_files import is_int, parse_json, read_json
 from recorder.bundle import SCHEMA_VERSION, TMP_PREFIX
 from recorder.device_fault_reader import DeviceFault, read_device_fault
-from recorder.recover import RingFile, find_rings, near
+from recorder.ring_files import RingFile, find_rings, near
 
 __all__ = ["EVENT_KINDS", "Bundle", "BundleInfo", "Listing", "Selection", "find_bundle", "list_bundles", "load_bundle",
            "parse_json"]

@@ -21,7 +21,7 @@ from obs._core.rank_folders import unresolved
 from recorder.arrival import Lineup, RankTimeline, line_up, timeline_from_contents
 from recorder.layout import Kind
 from recorder.now import now
-from recorder.recover import RING_ERRORS, near, writer_alive
+from recorder.ring_files import RING_ERRORS, RingFile, find_rings
 from recorder.ring_reader import RingContents, read_ring
 
 __all__ = ["Doing", "JobNow", "RankNow", "rank_now", "read_job"]
@@ -92,9 +92,7 @@ def read_job(root: str, *, now_ns: int | None = None) -> JobNow:
     if not os.path.isdir(root):
         raise FileNotFoundError(f"no such folder: {root!r}")
     now_ns = time.time_ns() if now_ns is None else now_ns
-    rows: list[tuple[RankNow, RankTimeline | None, int]] = []
-    for path in near(root, "ring_*.obsring"):
-        rows.append(_read_one(path))
+    rows = [_read_one(ring) for ring in find_rings(root)]
     live_runs = sorted(((made, row.run_id) for row, _t, made in rows if row.alive and row.run_id), reverse=True)
     run_id = live_runs[0][1] if live_runs else max(((made, row.run_id) for row, _t, made in rows),
                                                    default=(0, None), key=lambda x: x[0])[1]
@@ -110,11 +108,14 @@ def read_job(root: str, *, now_ns: int | None = None) -> JobNow:
     return job
 
 
-def _read_one(path: str) -> tuple[RankNow, RankTimeline | None, int]:
+def _read_one(ring: RingFile) -> tuple[RankNow, RankTimeline | None, int]:
+    path = ring.path
+    if ring.error is not None:
+        return _unreadable(path, str(ring.error))
     try:
         fd = safe_files.open_private(path)
-    except RING_ERRORS as exc:
-        return RankNow(-1, "", -1, path, False, error=str(exc)), None, 0
+    except RING_ERRORS as exc:  # removed since it was found
+        return _unreadable(path, str(exc))
     failed: str | None = None
     try:
         mm = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -125,17 +126,20 @@ def _read_one(path: str) -> tuple[RankNow, RankTimeline | None, int]:
             failed = str(exc)  # kept as text: the error's frames hold views of the map, which must go before it
         if failed is None:
             mm.close()
-            alive = writer_alive(fd, contents.header.pid)
     except RING_ERRORS as exc:  # ValueError: an empty file cannot be mapped
         failed = str(exc)
     finally:
         os.close(fd)
     if failed is not None:
-        return RankNow(-1, "", -1, path, False, error=failed), None, 0
-    row = rank_now(contents, path, alive)
+        return _unreadable(path, failed)
+    row = rank_now(contents, path, ring.alive)
     row.run_id = _agreed_run_id(os.path.dirname(path), row.pid) or row.run_id
     row.resolved = not unresolved(os.path.basename(os.path.dirname(os.path.dirname(path))))
     return row, timeline_from_contents(contents), contents.header.wall_ns
+
+
+def _unreadable(path: str, why: str) -> tuple[RankNow, None, int]:
+    return RankNow(-1, "", -1, path, False, error=why), None, 0
 
 
 def _agreed_run_id(folder: str, pid: int) -> str | None:

@@ -87,7 +87,7 @@ class RingWriter:
 
     The writer holds an exclusive ``flock`` on the file for as long as it is open: the kernel drops it
     when the process dies, however it dies, so a reader tells a live ring from a dead one by trying
-    the lock (:func:`recorder.recover.writer_alive`), never by signalling a pid.
+    the lock (:func:`recorder.ring_files.writer_alive`), never by signalling a pid.
     """
 
     def __init__(self, path: str, capacity: dict[str, int], *, pid: int, rank: int, world_size: int,

@@ -1,6 +1,6 @@
 """``obs rdr snapshot [PATH]``: every live rank of a running job writes a bundle now, and the job goes on.
 
-The live ranks are the rings under PATH whose writer still holds its lock (:func:`recorder.recover.find_rings`).
+The live ranks are the rings under PATH whose writer still holds its lock (:func:`recorder.ring_files.live_ranks`).
 A ``snapshot`` request goes into the request folder of each RDR root they are under (:mod:`recorder.requests`);
 each rank's watcher dumps (reason ``snapshot``: every thread's stack, the ring, ``now`` in the manifest) and
 answers.  The command waits up to ``--timeout`` seconds for every live rank, shows the answers, and removes its
@@ -10,8 +10,7 @@ bad input (no live ring under PATH).  ``--json``: one document.
 
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from rich.table import Table
@@ -21,42 +20,10 @@ from obs._core.errors import NotOurFileError
 from obs.cli._exit import EXIT_FAILURE, EXIT_OK
 from obs.cli._rdr_view import default_root
 from obs.cli._render import clean, console, err_console, print_json
-from recorder.recover import RING_ERRORS, find_rings
 from recorder.requests import ask
-from recorder.ring_reader import read_header_file
+from recorder.ring_files import LiveRank, live_ranks
 
-__all__ = ["LiveRank", "live_ranks", "run_snapshot"]
-
-
-
-@dataclass(frozen=True)
-class LiveRank:
-    """A process whose ring is under PATH and whose writer runs: its RDR root, ring, rank, host and pid."""
-
-    root: str
-    ring: str
-    rank: int
-    host: str
-    pid: int
-
-
-def live_ranks(path: str) -> list[LiveRank]:
-    """The live rings under ``path`` (an RDR root, a rank or rdr folder), sorted by root and rank."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no such folder: {path!r}")
-    out = []
-    for ring in find_rings(path):
-        if not ring.alive or ring.error is not None:
-            continue
-        try:
-            header = read_header_file(ring.path)
-        except RING_ERRORS:  # ended and removed in between, or not a ring after all: not a live rank
-            continue
-        host = header.meta.get("host")
-        # {root}/rank_{r}/rdr/ring_{pid}.obsring (rank_unresolved-{pid} before the rank is known)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(ring.path))))
-        out.append(LiveRank(root, ring.path, header.rank, host if isinstance(host, str) else "?", header.pid))
-    return sorted(out, key=lambda r: (r.root, r.rank, r.pid))
+__all__ = ["run_snapshot"]
 
 
 def run_snapshot(path: str | None, *, timeout: float, as_json: bool) -> int:

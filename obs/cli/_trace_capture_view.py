@@ -11,65 +11,20 @@ and removes its request.  Exit 0 when every live rank answered without an error,
 
 from __future__ import annotations
 
-import glob
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
-from obs._core import safe_files
 from obs._core.errors import NotOurFileError
 from obs.cli._exit import EXIT_FAILURE, EXIT_OK
 from obs.cli._render import clean, console, err_console, print_json
 from obs.settings.profiler_options import capture_params
-from recorder.recover import RING_ERRORS, find_rings, writer_alive
 from recorder.requests import ask
-from recorder.ring_reader import read_header_file
+from recorder.ring_files import PROFILE_RINGS, LiveRank, find_rings, live_ranks
 
-__all__ = ["ProfiledRank", "profiled_ranks", "run_capture"]
-
-
-
-@dataclass(frozen=True)
-class ProfiledRank:
-    """A process whose profiler ring is under PATH and whose writer runs: its output folder, ring, rank, host, pid."""
-
-    output: str
-    ring: str
-    rank: int
-    host: str
-    pid: int
-
-
-def _profile_rings(path: str) -> list[str]:
-    """``profile_*.obsring`` in ``path`` (a rank folder) or its ``rank_*`` folders (an output folder)."""
-    found = glob.glob(os.path.join(glob.escape(path), "profile_*.obsring"))
-    found += glob.glob(os.path.join(glob.escape(path), "rank_*", "profile_*.obsring"))
-    return sorted(found)
-
-
-def profiled_ranks(path: str) -> list[ProfiledRank]:
-    """The live profiler rings under ``path`` (an output folder or one rank's folder), sorted by folder and rank."""
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"no such folder: {path!r}")
-    out = []
-    for ring in _profile_rings(path):
-        try:
-            fd = safe_files.open_private(ring)
-            try:
-                header = read_header_file(ring, fd=fd)
-                if not writer_alive(fd, header.pid):
-                    continue
-            finally:
-                os.close(fd)
-        except RING_ERRORS:  # ended and removed in between, or not a ring: not a live rank
-            continue
-        host = header.meta.get("host")
-        output = os.path.dirname(os.path.dirname(os.path.abspath(ring)))  # {output}/rank_{r}/profile_*.obsring
-        out.append(ProfiledRank(output, ring, header.rank, host if isinstance(host, str) else "?", header.pid))
-    return sorted(out, key=lambda r: (r.output, r.rank, r.pid))
+__all__ = ["run_capture"]
 
 
 def _no_live_ring(where: str) -> NotOurFileError:
@@ -88,12 +43,12 @@ def run_capture(path: str | None, *, steps: int, level: str, timeout: float, as_
     params = {"steps": steps, "level": level}
     capture_params(params, "--steps/--level")  # the ranks check it too; a bad value is said here first
     where = path or "obs_profile"
-    ranks = profiled_ranks(where)
+    ranks = live_ranks(where, PROFILE_RINGS)
     if not ranks:
         raise _no_live_ring(where)
-    requests, answers, waited = ask({r.output for r in ranks}, "capture", [(r.output, r.rank, r.pid) for r in ranks],
+    requests, answers, waited = ask({r.root for r in ranks}, "capture", [(r.root, r.rank, r.pid) for r in ranks],
                                     timeout=timeout, params=params)
-    rows = [_row(r, answers.get((r.output, r.rank, r.pid))) for r in ranks]
+    rows = [_row(r, answers.get((r.root, r.rank, r.pid))) for r in ranks]
     missing = [row for row in rows if not row["answered"]]
     failed = [row for row in rows if row["answered"] and row.get("error")]
     status = EXIT_OK if not missing and not failed else EXIT_FAILURE
@@ -107,8 +62,9 @@ def run_capture(path: str | None, *, steps: int, level: str, timeout: float, as_
     return status
 
 
-def _row(rank: ProfiledRank, answer: dict[str, Any] | None) -> dict[str, Any]:
-    row: dict[str, Any] = {**asdict(rank), "answered": answer is not None}
+def _row(rank: LiveRank, answer: dict[str, Any] | None) -> dict[str, Any]:
+    fields = asdict(rank)
+    row: dict[str, Any] = {"output": fields.pop("root"), **fields, "answered": answer is not None}
     if answer is not None:
         for key in ("steps", "queued", "after_step", "error", "note", "answered_ns"):
             if answer.get(key) is not None:

@@ -63,7 +63,7 @@ BUDGET_S, BUDGET_MIB, BUDGET_RANKS = 10.0, 1024.0, 512
 EXTRAPOLATE = (1024, 2048, 4096)
 #: the stages timed in process: module → its functions that read_job / analyze call
 STAGES = {
-    "top": (recorder.live, ("near", "_read_one", "line_up", "_mark")),
+    "top": (recorder.live, ("find_rings", "_read_one", "line_up", "_mark")),
     "analyze": (recorder.analyze, ("list_bundles", "_markers", "_read_rank", "_mismatches", "line_up", "_stragglers",
                                    "_stuck", "_verdict")),
 }

@@ -19,8 +19,9 @@ from obs._core.errors import DamagedFileError, ObsConfigError, UnsafePathError
 from recorder.bundle import write_bundle, write_json_atomic
 from recorder.bundle_reader import list_bundles, load_bundle
 from recorder.layout import DEFAULT_CAPACITY, MAX_RING_BYTES, Kind, check_capacity
-from recorder.recover import find_rings, recover, recover_rings
+from recorder.recover import recover, recover_rings
 from recorder.ring import RingWriter
+from recorder.ring_files import find_rings
 from tests.obs.cli.test_cli import obs_cli
 
 # Rings written by the C hot path and by the Python handlers (tests/conftest.py).
