@@ -8,8 +8,6 @@ Exit codes (docs/cli.md): ``ls`` 1 when a file or index could not be read (the o
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from typing import Any
 
 from rich.table import Table
@@ -175,6 +173,7 @@ def run_diff(a: str, b: str, *, as_json: bool) -> int:
 
 def run_render(path: str, *, output: str | None, fmt: str) -> int:
     from obs._core import safe_files
+    from obs.features.graphs import graphviz
     from obs.features.graphs.dot import dot_text
 
     if path.endswith(".ir"):
@@ -187,25 +186,16 @@ def run_render(path: str, *, output: str | None, fmt: str) -> int:
             raise NotOurFileError(f"{path}: not a Graphviz file (expected 'digraph' at the start) nor an .ir file",
                                   path=path)
         dot = data.decode("utf-8", "replace")
-    program = shutil.which("dot")
-    if program is None:
-        error("Graphviz's 'dot' program is not installed, so nothing was rendered; install Graphviz "
-              "(Debian/Ubuntu: apt install graphviz; macOS: brew install graphviz) or open the .dot file in any "
-              "Graphviz viewer")
-        return EXIT_FAILURE
     target = output or os.path.splitext(path)[0] + f".{fmt}"
     if os.path.abspath(target) == os.path.abspath(path):
         error(f"the output {target!r} would replace the input; choose another with -o")
         return EXIT_USAGE
     try:
-        done = subprocess.run([program, f"-T{fmt}"], input=dot.encode(), capture_output=True, timeout=300,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        error(f"Graphviz's dot took more than 300 s on {path}; render a smaller graph")
+        rendered = graphviz.render(dot, fmt=fmt, timeout_s=300)
+    except graphviz.GraphvizError as exc:
+        error(f"{exc}; nothing was rendered from {path}"
+              + (" (or open the .dot file in any Graphviz viewer)" if exc.missing else ""))
         return EXIT_FAILURE
-    if done.returncode != 0:
-        error(f"Graphviz's dot failed on {path}: {done.stderr.decode('utf-8', 'replace').strip()[:400]}")
-        return EXIT_FAILURE
-    safe_files.write_atomic(target, done.stdout)
+    safe_files.write_atomic(target, rendered)
     say_written(f"{fmt.upper()} rendering", target)
     return EXIT_OK

@@ -14,8 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -25,12 +23,12 @@ from typing import Any
 from obs._core import outputs, safe_files
 from obs._core.rank_folders import rank_folder
 from obs._core.safe_files import safe_name
+from obs.features.graphs import graphviz
 
-__all__ = ["INDEX", "VERBOSE_DIR", "GraphFiles", "Written", "graph_folder", "next_number", "render_svg"]
+__all__ = ["INDEX", "VERBOSE_DIR", "GraphFiles", "Written", "graph_folder", "next_number"]
 
 INDEX = "index.json"
 VERBOSE_DIR = "verbose_ir_files"
-_SVG_TIMEOUT_S = 60
 
 _counter = itertools.count()
 _counter_lock = threading.Lock()
@@ -93,7 +91,10 @@ class GraphFiles:
             dot_name = f"{next_number():04d}_{base}.dot"
             self._put(dot_name, dot)
             result.files["dot"] = dot_name
-            svg = render_svg(dot)
+            try:
+                svg = graphviz.render(dot)
+            except graphviz.GraphvizError:  # no Graphviz here, or it failed: the .dot alone
+                svg = None
             if svg is not None:
                 svg_name = dot_name[:-4] + ".svg"
                 self._put(svg_name, svg)
@@ -140,16 +141,3 @@ class GraphFiles:
         path = os.path.join(self.folder, relative)
         safe_files.ensure_dir(os.path.dirname(path))
         safe_files.write_atomic(path, data, fsync=False)
-
-
-def render_svg(dot: str, *, fmt: str = "svg") -> bytes | None:
-    """``dot``'s rendering by Graphviz's ``dot`` program, or None where it is not installed (or fails)."""
-    program = shutil.which("dot")
-    if program is None:
-        return None
-    try:
-        done = subprocess.run([program, f"-T{fmt}"], input=dot.encode(), capture_output=True,
-                              timeout=_SVG_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 and done.stdout else None
