@@ -81,9 +81,9 @@ def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None =
     fault is injected in a forward after training (the RDR writes a bundle; nothing raises here).
     ``progress(what, done)`` is called before training and after every step.
     """
-    import importlib.util
+    from obs.runtime import torch_support
 
-    if importlib.util.find_spec("torch") is None:
+    if not torch_support.importable():
         raise RuntimeError("obs demo needs PyTorch: pip install 'obs-runtime[torch]' (torch==2.13.0 for CPU)")
     import torch
 

@@ -6,10 +6,10 @@ needs step numbers (:meth:`obs.runtime.steps.StepTracker.require`, e.g. Print to
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 from obs._core.events import Event, bus
+from obs.runtime import torch_support
 from obs.runtime.steps import tracker
 
 __all__ = ["TORCH_EVENTS", "install"]
@@ -20,7 +20,7 @@ TORCH_EVENTS = frozenset({Event.STEP_BEGIN, Event.STEP_END, Event.MODULE_ENTER, 
 
 
 def _load_adapter() -> None:
-    if "obs.runtime.torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
+    if "obs.runtime.torch" not in sys.modules and torch_support.importable():
         import obs.runtime.torch  # noqa: F401  (the adapter syncs itself with the bus and the tracker on import)
 
 

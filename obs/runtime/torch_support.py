@@ -10,6 +10,7 @@ one warning, and obs runs: internals may have moved, but most releases keep them
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
 import sys
@@ -17,7 +18,7 @@ from importlib import metadata
 
 from obs._core.errors import ObsError
 
-__all__ = ["NEWEST", "OLDEST", "TESTED", "check", "installed"]
+__all__ = ["NEWEST", "OLDEST", "TESTED", "check", "importable", "installed"]
 
 OLDEST = (2, 9)  #: the oldest torch release obs supports
 NEWEST = (2, 14)  #: the newest release it was tested with
@@ -37,6 +38,11 @@ def installed() -> str | None:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
         return None
+
+
+def importable() -> bool:
+    """Whether torch can be imported here (it is already, or it is found on the path), without importing it."""
+    return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
 
 def _range() -> str:

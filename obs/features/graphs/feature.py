@@ -32,6 +32,7 @@ from obs._core.events import Event, Subscription, bus
 from obs._core.internal import report_internal_error, suppressed
 from obs.features import env_config as env_feature
 from obs.features.graphs.folder import GraphFiles, Written, graph_folder
+from obs.runtime import torch_support
 
 __all__ = ["ENV_LEVEL", "ENV_PATH", "GraphsFeature", "feature", "level", "parse_env"]
 
@@ -169,7 +170,7 @@ class GraphsFeature:
                 self._compiled.remove()
                 self._compiled = None
             want_trace = self.level > 0 and self.pynative and not self.traced
-            if want_trace and self._trace is None and _torch_available():
+            if want_trace and self._trace is None and torch_support.importable():
                 from obs.features.graphs.trace import Tracer
 
                 self._trace = Tracer(self._on_trace_done)
@@ -179,7 +180,7 @@ class GraphsFeature:
 
             # Compiles need torch: listen once it is in (the tracer above may just have imported it).
             want_records = self.level > 0 and "torch" in sys.modules
-            if self.level > 0 and not want_records and not self._awaiting_torch and _torch_available():
+            if self.level > 0 and not want_records and not self._awaiting_torch and torch_support.importable():
                 self._awaiting_torch = True
                 after_import("torch", self.sync)
             if self._records is not None and not self._records.active:
@@ -264,14 +265,6 @@ def _next_step() -> int:
     from obs.runtime.steps import tracker
 
     return tracker.step if tracker.in_step else tracker.step + 1
-
-
-def _torch_available() -> bool:
-    if "torch" in sys.modules:
-        return True
-    import importlib.util
-
-    return importlib.util.find_spec("torch") is not None
 
 
 feature = GraphsFeature()

@@ -17,14 +17,13 @@ On CPU none of this exists: the session's handlers test one attribute for None.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from obs._core.events import Event
 from obs.features.profiler.kernels import KernelCapture
-from obs.runtime import device_time
+from obs.runtime import device_time, torch_support
 from recorder.layout import Kind
 from recorder.ring import RingWriter
 from recorder.ring_handlers import RingSubscriptions
@@ -38,7 +37,7 @@ DEVICE_SLOTS = 65536
 def cuda_build() -> bool:
     """torch is installed and built with CUDA (imported if it was not: the profiler's adapter imports it anyway;
     nothing of CUDA is initialised by asking)."""
-    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
+    if not torch_support.importable():
         return False
     import torch
 

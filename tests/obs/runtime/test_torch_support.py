@@ -3,8 +3,10 @@ range, before anything is applied; a newer one is warned about once; the install
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
+import sys
 
 import pytest
 import torch
@@ -18,6 +20,13 @@ def test_the_installed_torch_is_supported(caplog):
         torch_support.check()
     assert torch_support.installed() == torch.__version__ and not caplog.records
     assert torch_support.OLDEST <= tuple(int(n) for n in torch.__version__.split(".")[:2]) <= torch_support.NEWEST
+
+
+def test_torch_is_importable_here_and_not_where_it_is_neither_imported_nor_found(monkeypatch):
+    assert torch_support.importable()
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "torch" else pytest.fail(name))
+    assert not torch_support.importable()
 
 
 @pytest.mark.parametrize("version", ["2.9.0", "2.9.0a0+git1234567", "2.13.0+cpu", "2.14.1+cu130"])
