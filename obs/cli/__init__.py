@@ -29,7 +29,7 @@ def _parse_set(text: str) -> tuple[str, Any]:
 
 
 def _settings_arguments(parser: argparse.ArgumentParser) -> None:
-    from obs.settings.env_config import SECTIONS
+    from obs.settings.env_config_file import SECTIONS
 
     parser.add_argument("--config", metavar="FILE", help=f"env config JSON (sections {', '.join(SECTIONS)}), i.e. "
                         "set_context(env_config_path=FILE); default: $OBS_CONFIG")

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from obs.cli._render import console, err_console, markup_text, print_json
-from obs.settings.env_config import ConfigFileError, EnvConfig, load_file, resolve
+from obs.settings.env_config_file import ConfigFileError, EnvConfig, load_file, resolve
 
 __all__ = ["describe", "run_check"]
 

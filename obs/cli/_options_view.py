@@ -16,7 +16,7 @@ __all__ = ["run_options", "tables"]
 def tables(which: str) -> dict[str, OptionTable]:
     from obs.settings.context_options import CONTEXT_OPTIONS
     from obs.settings.dump_config import TOP
-    from obs.settings.env_config import SECTIONS
+    from obs.settings.env_config_file import SECTIONS
     from obs.settings.parallel import AUTO_PARALLEL_OPTIONS, PS_OPTIONS
 
     out = {"context": CONTEXT_OPTIONS, "auto_parallel": AUTO_PARALLEL_OPTIONS, "ps": PS_OPTIONS}

@@ -19,7 +19,7 @@ from obs._core.errors import ObsConfigError
 from obs._core.events import Event, bus
 from obs.runtime.steps import StepDemand, tracker
 from obs.settings._watch import FileWatcher
-from obs.settings.env_config import EnvConfig, load_file, resolve
+from obs.settings.env_config_file import EnvConfig, load_file, resolve
 
 __all__ = ["EnvConfigFeature", "ObsConfigWarning", "env_config", "feature"]
 

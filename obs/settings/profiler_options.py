@@ -227,7 +227,7 @@ class Window(Validator):
         return '{"start": S, "steps": N, "level": "task_trace"|"op_trace"} | {} (none)'
 
 
-#: The ``profiler`` section's metrics rows (obs.settings.env_config puts them in the section's table).
+#: The ``profiler`` section's metrics rows (obs.settings.env_config_file puts them in the section's table).
 METRICS_OPTIONS = [
     Option("metrics", Choice(("", "off", "otlp", "prometheus", "otlp,prometheus")), "",
            "Metrics per rank and step (step and phase times, steps/s, samples or tokens/s, peak memory, time in "

@@ -24,7 +24,7 @@ def _seeds(scratch: str) -> list[bytes]:
 
 
 def _load(path: str) -> None:
-    from obs.settings.env_config import load_file
+    from obs.settings.env_config_file import load_file
 
     load_file(path)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from obs.settings.env_config import parse_text, resolve
+from obs.settings.env_config_file import parse_text, resolve
 
 
 def test_environment_beats_defaults():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import obs
-from obs.settings.env_config import load_file, parse_text, resolve
+from obs.settings.env_config_file import load_file, parse_text, resolve
 
 
 def write(tmp_path, data, name="obs.json"):
@@ -101,7 +101,7 @@ def test_resolve_without_file_gives_defaults():
 
 
 def test_every_problem_of_a_file_is_reported_at_once_in_json_words(tmp_path):
-    from obs.settings.env_config import ConfigFileError, load_file
+    from obs.settings.env_config_file import ConfigFileError, load_file
 
     path = tmp_path / "obs.json"
     path.write_text('{"rdr": {"enable": "yes", "mode": 3, "granularity": "ops", "bogus": null, "path": null}, '
@@ -118,7 +118,7 @@ def test_every_problem_of_a_file_is_reported_at_once_in_json_words(tmp_path):
 
 
 def test_huge_values_are_cut_in_messages(tmp_path):
-    from obs.settings.env_config import ConfigFileError, load_file
+    from obs.settings.env_config_file import ConfigFileError, load_file
 
     path = tmp_path / "obs.json"
     path.write_text(json.dumps({"rdr": {"path": "x" * 100_000}}))
@@ -128,7 +128,7 @@ def test_huge_values_are_cut_in_messages(tmp_path):
 
 
 def test_a_ring_larger_than_the_bound_is_refused_with_the_size_it_would_take(tmp_path):
-    from obs.settings.env_config import ConfigFileError, load_file
+    from obs.settings.env_config_file import ConfigFileError, load_file
 
     path = tmp_path / "obs.json"
     path.write_text(json.dumps({"rdr": {"enable": True, "capacity": {"blob": 16777216}}}))
