@@ -5,7 +5,7 @@
 - :mod:`exporters.otlp`: the resource, SDK spans, OTLP JSON, a bounded OTLP sender (gRPC, HTTP/protobuf).
 - :mod:`exporters.local_files`: ``traces.otlp.jsonl`` and ``trace.json`` (Chrome trace), rotated by size.
 - :mod:`exporters.sidecar`: the exporter process (``python -m exporters``).
-- :mod:`exporters.trace_reader`, :mod:`exporters.summary`: readers of the files and their summary (pure).
+- :mod:`exporters.trace_reader`, :mod:`exporters.trace_summary`: readers of the files and their summary (pure).
 
 From :mod:`recorder` only the ring's layout and reader are used.
 """

@@ -1,5 +1,5 @@
-"""The exporter's summary of a run of any length: :class:`exporters.summary.SummaryBuilder` with its step times in a
-histogram instead of a list.
+"""The exporter's summary of a run of any length: :class:`exporters.trace_summary.SummaryBuilder` with its step
+times in a histogram instead of a list.
 
 A builder keeps every step's time to take percentiles from; an exporter that runs for weeks would hold one float per
 step (32 bytes: 3 MiB per 100,000 steps) and sort them all each time it writes its status (every 2 s).  Here step
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from exporters.spans import Span
-from exporters.summary import SummaryBuilder, TraceSummary
+from exporters.trace_summary import SummaryBuilder, TraceSummary
 
 __all__ = ["RunningSummary"]
 

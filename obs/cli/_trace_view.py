@@ -1,5 +1,5 @@
 """``obs trace summary PATH`` and ``obs trace export PATH --endpoint URL`` (rendering only; the readers are in
-:mod:`exporters.trace_reader`, the numbers in :mod:`exporters.summary`).
+:mod:`exporters.trace_reader`, the numbers in :mod:`exporters.trace_summary`).
 
 ``summary`` takes a ``trace.json``, a ``traces.otlp.jsonl`` or an output folder (``obs_profile``, or one
 rank's folder, whose exporter status files add the drop counts and the endpoint).  Exit 1 when spans were
@@ -23,8 +23,8 @@ EXIT_OK, EXIT_PROBLEM = 0, 1
 
 def load_summary(path: str) -> Any:
     """The :class:`TraceSummary` of a file or an output folder."""
-    from exporters.summary import SummaryBuilder, Timing, TraceSummary
     from exporters.trace_reader import folder_files, read_status
+    from exporters.trace_summary import SummaryBuilder, Timing, TraceSummary
 
     builder = SummaryBuilder()
     if os.path.isdir(path):
@@ -113,7 +113,7 @@ def render_summary(summary: Any, *, title: str) -> None:
 
 def print_exit_summary(status: Mapping[str, Any]) -> None:
     """At the end of ``obs run`` / ``obs demo`` with profiling on: the summary and where the trace went (stderr)."""
-    from exporters.summary import Timing, TraceSummary
+    from exporters.trace_summary import Timing, TraceSummary
 
     data = dict(status.get("summary") or {})
     if not data:

@@ -9,7 +9,7 @@ import pytest
 
 from exporters.running_summary import RunningSummary
 from exporters.spans import Span
-from exporters.summary import SummaryBuilder
+from exporters.trace_summary import SummaryBuilder
 
 
 def _step(n: int, ms: float) -> list[Span]:

@@ -55,15 +55,15 @@ def _chrome_seeds(scratch: str) -> list[bytes]:
 
 
 def _read_otlp(path: str) -> None:
-    from exporters.summary import summarize
     from exporters.trace_reader import read_otlp_jsonl
+    from exporters.trace_summary import summarize
 
     summarize(read_otlp_jsonl(path).spans)
 
 
 def _read_chrome(path: str) -> None:
-    from exporters.summary import summarize
     from exporters.trace_reader import read_chrome_trace
+    from exporters.trace_summary import summarize
 
     summarize(read_chrome_trace(path).spans)
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from exporters.summary import percentile
 from exporters.trace_reader import read_chrome_trace, read_folder, read_otlp_jsonl, read_path
+from exporters.trace_summary import percentile
 from obs._core.errors import DamagedFileError, NotOurFileError
 from obs.cli import main
 from obs.cli._trace_view import load_summary
