@@ -4,15 +4,14 @@
 ``saved.N.npy``) and ``meta.json`` (op, scope, step, shapes, dtypes, devices, exception text,
 Python stack).  Folders are 0700 and files 0600 through :mod:`obs._core.safe_files`; the scope is
 escaped, so no module name leaves ``root``.  A tensor that cannot be copied to the host is listed
-with the reason instead of a file.  The folder is written under a temporary name and renamed, so
-it is complete or absent.
+with the reason instead of a file.  The folder is written under a temporary name and renamed
+(:func:`obs._core.safe_files.new_folder`), so it is complete or absent.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 import traceback
 from collections.abc import Iterable, Iterator
@@ -63,12 +62,8 @@ def write_capture(root: str, rank: int, kind: str, scope: str, meta: dict[str, A
     the N-th tensor of a group becomes ``{prefix}.N.npy``.  ``what`` names the folder in ``obs run``'s
     list of written files.
     """
-    parent = inside(root, f"rank_{rank}", kind)
-    safe_files.ensure_dir(parent)
-    final = _free_name(parent, f"{_stamp()}_{escape_name(scope or meta.get('op') or 'unknown', limit=120)}")
-    tmp = safe_files.temp_path(final)
-    safe_files.ensure_dir(tmp)
-    try:
+
+    def fill(tmp: str) -> None:
         listed: dict[str, list[dict[str, Any]]] = {}
         for prefix, items in groups:
             entries = listed.setdefault(prefix, [])
@@ -76,20 +71,11 @@ def write_capture(root: str, rank: int, kind: str, scope: str, meta: dict[str, A
                 entries.append(_save(tmp, f"{prefix}.{index}.npy", where, tensor))
         body = {"schema_version": SCHEMA_VERSION, **meta, **listed}
         safe_files.write_new(os.path.join(tmp, "meta.json"), json.dumps(body, indent=2, default=str).encode())
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    name = f"{_stamp()}_{escape_name(scope or meta.get('op') or 'unknown', limit=120)}"
+    final = safe_files.new_folder(inside(root, f"rank_{rank}", kind), name, fill)
     outputs.wrote(what, final)
     return final
-
-
-def _free_name(parent: str, name: str) -> str:
-    path, n = os.path.join(parent, name), 1
-    while os.path.lexists(path):
-        n += 1
-        path = os.path.join(parent, f"{name}.{n}")
-    return path
 
 
 def _save(folder: str, file: str, where: str, tensor: Any) -> dict[str, Any]:
