@@ -2,9 +2,9 @@
 
 :meth:`DeviceFlags.check` takes a tensor's ``torch.aminmax`` (one reduction kernel, no read-back; NaN propagates to
 both, +Inf shows in the max and -Inf in the min, and no sum can overflow) and keeps the two 0-dim results in a
-:class:`~obs.features.dump.device_batch.DeviceBatch` with a label saying where the tensor came from.  At the step's
+:class:`~obs.runtime.device_readback.DeviceBatch` with a label saying where the tensor came from.  At the step's
 end :meth:`DeviceFlags.end_step` sends the batch (one copy per device into pinned memory, then an event) and hands it
-to a :class:`~obs.features.dump.device_poller.Poller`: once the event is done, on the poller's thread, the labels are
+to a :class:`~obs.runtime.device_readback.Poller`: once the event is done, on the poller's thread, the labels are
 walked in the order the checks were made and ``found(step, label, low, high)`` is called for each one whose gate is
 not finite; it returns False to stop the walk (nothing more to report).  :meth:`DeviceFlags.check_values` keeps a
 whole vector the same way (the statistics of a compiled graph's tensors, which the graph computed on the device): its
@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from obs._core.internal import suppressed
-from obs.features.dump.device_batch import DeviceBatch, Sent
-from obs.features.dump.device_poller import Poller
+from obs.runtime.device_readback import DeviceBatch, Poller, Sent
 
 __all__ = ["MAX_PENDING", "DeviceFlags"]
 

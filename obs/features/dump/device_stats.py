@@ -1,7 +1,7 @@
 """statistic.csv's statistics of CUDA tensors: reductions kept on the device, read back once per step, off-thread.
 
 :meth:`DeviceStats.record` queues the reductions a tensor's statistic categories need (0-dim tensors on its
-device, in a :class:`~obs.features.dump.device_batch.DeviceBatch`; no read-back) and returns the row's record
+device, in a :class:`~obs.runtime.device_readback.DeviceBatch`; no read-back) and returns the row's record
 (``[values, dtype, shape, text]``, as :class:`~obs.features.dump._rows.StatisticRows` keeps them) with no values
 yet and, as its text, a token.  At the step's end the rows' text is made as usual, tokens and all, and
 :meth:`DeviceStats.send` copies the step's reductions to the host (one copy per device, then an event); once
@@ -28,9 +28,8 @@ from typing import Any
 import torch
 
 from obs._core.internal import suppressed
-from obs.features.dump.device_batch import DeviceBatch, Sent, pinned_copy
-from obs.features.dump.device_poller import Poller
 from obs.features.dump.stats import _add_hashes, prepared
+from obs.runtime.device_readback import DeviceBatch, Poller, Sent, pinned_copy
 
 __all__ = ["DeviceStats", "reductions", "statistics_of"]
 

@@ -18,8 +18,7 @@ from obs._core import safe_files
 from obs._core.internal import suppressed
 from obs.features.dump._layout import npy_bytes
 from obs.features.dump._tensors import host_array
-from obs.features.dump.device_batch import marker, pinned_copy
-from obs.features.dump.device_poller import Poller
+from obs.runtime.device_readback import Poller, marker, pinned_copy
 
 __all__ = ["BATCH_BYTES", "MAX_IN_FLIGHT", "PinnedFiles"]
 

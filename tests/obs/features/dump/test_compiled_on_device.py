@@ -21,7 +21,6 @@ from obs._core.demands import demands
 from obs._core.events import Event, bus
 from obs._core.internal import suppressed
 from obs.features.dump import nan_check
-from obs.features.dump.device_batch import DeviceBatch
 from obs.features.dump.device_flags import DeviceFlags
 from obs.features.dump.feature import feature
 from obs.features.dump.nan_check import NonFiniteError
@@ -158,17 +157,6 @@ def test_graph_stats_emits_a_copy_on_the_device_and_reads_nothing(monkeypatch):
     assert k == len(rows.values) // 3 and (rows.values != -7.0).all()  # a copy: the graph's buffer was overwritten
     flat = rows.values.tolist()
     assert repr(rows.split(flat)) == repr([flat[0:k], flat[k:2 * k], flat[2 * k:]]) == repr(rows.read())  # NaN
-
-
-def test_a_batch_keeps_vectors_in_their_place():
-    batch = DeviceBatch()
-    assert batch.add(torch.tensor(1.5)) == 0
-    assert batch.add_vector(torch.tensor([2.0, 3.0, 4.0])) == 1
-    assert batch.add_all([torch.tensor(5, dtype=torch.int64), torch.tensor(6.0)]) == 4
-    assert batch.add_vector(torch.tensor([7.0, 8.0], dtype=torch.float64)) == 6
-    assert batch.add_vector(torch.tensor([9.0])) == 8 and len(batch) == 9
-    sent = batch.send()
-    assert sent.done() and sent.values() == [1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0] and len(batch) == 0
 
 
 # -- the data dump ----------------------------------------------------------------------------------------------------

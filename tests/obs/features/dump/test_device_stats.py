@@ -19,10 +19,9 @@ import torch
 
 import obs
 from obs.features.dump import _rows, data_dump, pinned_files, stats
-from obs.features.dump.device_batch import DeviceBatch, pinned_copy
-from obs.features.dump.device_poller import Poller
 from obs.features.dump.device_stats import DeviceStats, reductions, statistics_of
 from obs.features.dump.pinned_files import PinnedFiles
+from obs.runtime.device_readback import Poller
 from obs.runtime.steps import tracker
 from tests.obs.features.dump.test_data_dump import Net
 from tests.obs.features.dump.test_device_flags import ReadBacks
@@ -88,41 +87,6 @@ def test_only_what_the_categories_need_is_reduced(categories):
     names, *_ = reductions(tensor, frozenset(categories))
     assert len(names) <= 4
     agree(on_device(tensor, categories), torch_path(tensor, categories))
-
-
-def test_a_batch_keeps_the_order_of_mixed_dtypes():
-    batch = DeviceBatch()
-    values = [torch.tensor(1.5), torch.tensor(2, dtype=torch.int64), torch.tensor(-3.0, dtype=torch.float16),
-              torch.tensor(4.25, dtype=torch.float64), torch.tensor(5.0)]
-    assert [batch.add(v) for v in values[:2]] == [0, 1]
-    assert batch.add_all(values[2:]) == 2 and len(batch) == 5
-    sent = batch.send()
-    assert len(batch) == 0 and sent.done()
-    sent.wait()
-    assert sent.values() == [1.5, 2.0, -3.0, 4.25, 5.0]
-    assert batch.send() is None
-
-
-def test_a_pinned_copy_of_a_cpu_tensor_is_its_own():
-    t = torch.ones(3)
-    host = pinned_copy(t)
-    t.add_(1)
-    assert host.tolist() == [1.0, 1.0, 1.0]
-
-
-def test_the_poller_runs_jobs_in_order_and_raises_a_failure_at_drain():
-    poller, done = Poller("test-poller"), []
-    try:
-        for i in range(5):
-            poller.submit([], lambda i=i: done.append(i))
-        poller.submit([], lambda: 1 / 0)
-        with pytest.raises(ZeroDivisionError):
-            poller.drain()
-        poller.submit([], lambda: done.append("after"))
-        assert poller.drain() and done == [0, 1, 2, 3, 4, "after"] and poller.completed == 7
-    finally:
-        poller.close()
-    assert poller._thread is None
 
 
 def test_records_get_their_values_and_text_after_send(tmp_path):
