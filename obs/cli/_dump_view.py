@@ -154,7 +154,7 @@ def _num(value: float | None, digits: int = 3) -> str:
 
 
 def _metrics_text(op: Any) -> str:
-    from obs.features.dump.diff_report import cosine_text
+    from obs.features.dump.diff.render import cosine_text
 
     parts = [f"{label} {cosine_text(op.cosine) if key == 'cosine' else _num(getattr(op, key))}" for key, label in
              (("max_abs", "max abs"), ("max_rel", "max rel"), ("cosine", "cosine"), ("mean_rel", "mean rel"),
@@ -163,7 +163,7 @@ def _metrics_text(op: Any) -> str:
 
 
 def _op_table(title: str, ops: list[Any]) -> Table:
-    from obs.features.dump.diff_report import cosine_text
+    from obs.features.dump.diff.render import cosine_text
 
     table = Table(title=title, title_justify="left")
     for column in ("iter", "#", "status", "op", "updates", "from", "max abs", "max rel", "cosine", "mean rel",
@@ -210,8 +210,8 @@ def run_diff(a: str, b: str, *, rtol: float | None, atol: float | None, toleranc
              iteration: int | None, top: int, html: str | None, as_json: bool) -> int:
     from obs._core import safe_files
     from obs.features.dump.diff import compare_dumps
-    from obs.features.dump.diff_metrics import Tolerance
-    from obs.features.dump.diff_report import render_html, report_dict
+    from obs.features.dump.diff.metrics import Tolerance
+    from obs.features.dump.diff.render import render_html, report_dict
 
     ra, rb = DumpReader(a), DumpReader(b)
     tol = Tolerance(tolerance, rtol, atol)

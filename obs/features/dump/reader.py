@@ -32,7 +32,7 @@ import numpy as np
 
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
-from obs.features.dump.statistic_csv import FIXED_COLUMNS
+from obs.features.dump.stats.columns import FIXED_COLUMNS
 from obs.settings.dump_config import CATEGORY_COLUMNS
 
 __all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "TensorKey", "initial_iteration", "load_npy",

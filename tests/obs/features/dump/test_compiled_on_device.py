@@ -20,13 +20,13 @@ import obs
 from obs._core.demands import demands
 from obs._core.events import Event, bus
 from obs._core.internal import suppressed
-from obs.features.dump import nan_check
-from obs.features.dump.device_flags import DeviceFlags
 from obs.features.dump.feature import feature
-from obs.features.dump.nan_check import NonFiniteError
+from obs.features.dump.nan import check as nan_check
+from obs.features.dump.nan.check import NonFiniteError
+from obs.features.dump.nan.device_flags import DeviceFlags
 from obs.runtime.steps import tracker
 from obs.runtime.torch import _graph_taps
-from tests.obs.features.dump.test_device_flags import ReadBacks
+from tests.obs.features.dump.nan.test_device_flags import ReadBacks
 
 NAN, INF = float("nan"), float("inf")
 

@@ -12,7 +12,7 @@ import obs
 from obs.features.dump import DumpReader
 from obs.runtime.steps import tracker
 from tests.obs.cli.test_cli import obs_cli
-from tests.obs.features.dump.test_nan_check import Net
+from tests.obs.features.dump.nan.test_check import Net
 
 COMMON = {"dump_mode": 0, "net_name": "Net", "iteration": "all", "saved_data": "statistic", "input_output": 0,
           "kernels": [], "support_device": [0], "statistic_category": ["max", "nan count"]}
