@@ -1,4 +1,4 @@
-"""``obs dump``: list a data dump and its exception/NaN captures, show statistics, diff two runs.
+"""``obs dump``: list a data dump and its exception/NaN fault folders, show statistics, diff two runs.
 
 Exit codes (docs/cli.md): ``ls`` and ``stats`` 0, or 1 when a file of the dump is damaged; ``diff`` 1
 when the runs diverge (as diff(1)) and 0 when they agree; 2 on bad input (no dump there, bad regex).
@@ -53,13 +53,13 @@ def run_ls(path: str, *, as_json: bool) -> int:
         steps.append({"rank": step.rank, "net": step.net, "graph": step.graph, "iteration": step.iteration,
                       "step": step.training_step, "tensors": len(tensors), "bytes": size,
                       "statistic_csv": "statistic.csv" in names, "path": step.path})
-    captures: list[dict[str, Any]] = [
+    faults: list[dict[str, Any]] = [
         {"kind": c.kind, "path": c.path, "step": c.meta.get("step"), "iteration": c.iteration, "op": c.meta.get("op"),
          "scope": c.meta.get("scope"), "phase": c.meta.get("phase"),
          "exception": (c.meta.get("exception") or {}).get("message") or c.meta.get("message")}
-        for c in reader.captures()]
-    if as_json:
-        print_json({"path": reader.path, "steps": steps, "captures": captures})
+        for c in reader.fault_folders()]
+    if as_json:  # "captures": the list's former name, kept for scripts that read it
+        print_json({"path": reader.path, "steps": steps, "fault_folders": faults, "captures": faults})
         return EXIT_OK
     out = console()
     if steps:
@@ -73,13 +73,13 @@ def run_ls(path: str, *, as_json: bool) -> int:
                           _fmt(s["step"]) if s["step"] is not None else "?", str(s["tensors"]),
                           f"{s['bytes'] / 1e6:.2f}", "yes" if s["statistic_csv"] else "no")
         out.print(table)
-    if captures:
-        # a capture beside a data dump of its rank also names the data dump's iteration of its step
-        numbered = any(c["iteration"] is not None for c in captures)
-        table = Table(title="exception and NaN/Inf captures", title_justify="left")
+    if faults:
+        # a fault folder beside a data dump of its rank also names the data dump's iteration of its step
+        numbered = any(c["iteration"] is not None for c in faults)
+        table = Table(title="exception and NaN/Inf fault folders", title_justify="left")
         for column in ("kind", "step", *(("iteration",) if numbered else ()), "op", "scope", "what", "folder"):
             table.add_column(column, overflow="fold" if column == "folder" else "ellipsis")
-        for c in captures:
+        for c in faults:
             iteration = (_fmt(c["iteration"]) if c["iteration"] is not None else "",) if numbered else ()
             table.add_row(c["kind"], _fmt(c["step"]), *iteration, markup_text(str(c["op"])),
                           markup_text(str(c["scope"] or "")), markup_text(str(c["exception"] or ""), newlines=False),

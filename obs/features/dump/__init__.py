@@ -5,8 +5,8 @@ this package is light: the writers load torch only when a feature is turned on.
 
 Here: :mod:`.feature` (the applier), :mod:`.data_dump` (the data dump; its tensor files of CUDA tensors through
 :mod:`.pinned_files`), :mod:`.exception` (exception_dump), :mod:`.reader` (the pure reader), and what they share
-(:mod:`.capture`, :mod:`._layout`, :mod:`._tensors`, :mod:`._autograd_scopes`).  Rooms: :mod:`.stats` (the statistic
-dump, statistic.csv), :mod:`.nan` (the NaN/Inf check), :mod:`.diff` (``obs dump diff``).
+(:mod:`.fault_folder`, :mod:`._file_names`, :mod:`._npy`, :mod:`._tensors`, :mod:`._autograd_scopes`).  Rooms:
+:mod:`.stats` (the statistic dump, statistic.csv), :mod:`.nan` (the NaN/Inf check), :mod:`.diff` (``obs dump diff``).
 """
 
 from __future__ import annotations

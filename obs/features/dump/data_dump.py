@@ -50,7 +50,8 @@ from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.features.compiled_notice import INDUCTOR, CompiledNotice
 from obs.features.dump._autograd_scopes import ModuleSpans
-from obs.features.dump._layout import escape_name, inside, npy_bytes, op_type
+from obs.features.dump._file_names import escape_name, inside, op_type
+from obs.features.dump._npy import npy_bytes
 from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
 from obs.features.dump.pinned_files import PinnedFiles
 from obs.features.dump.stats.graph_rows import GraphRow, columns_for, filled, graph_rows

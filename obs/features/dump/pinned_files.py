@@ -16,7 +16,7 @@ import torch
 
 from obs._core import safe_files
 from obs._core.internal import suppressed
-from obs.features.dump._layout import npy_bytes
+from obs.features.dump._npy import npy_bytes
 from obs.features.dump._tensors import host_array
 from obs.runtime.device_readback import Poller, marker, pinned_copy
 

@@ -47,9 +47,9 @@ def test_a_new_folder_is_complete_or_absent_and_never_replaces_another(tmp_path)
         assert os.path.basename(tmp).startswith(safe_files.TMP_FOLDER_PREFIX)
         safe_files.write_new(os.path.join(tmp, "meta.json"), b"{}")
 
-    first = safe_files.new_folder(str(tmp_path / "rank_0"), "capture", fill, fsync=True)
-    second = safe_files.new_folder(str(tmp_path / "rank_0"), "capture", fill)
-    assert (first, second) == (str(tmp_path / "rank_0" / "capture"), first + "-2")
+    first = safe_files.new_folder(str(tmp_path / "rank_0"), "b", fill, fsync=True)
+    second = safe_files.new_folder(str(tmp_path / "rank_0"), "b", fill)
+    assert (first, second) == (str(tmp_path / "rank_0" / "b"), first + "-2")
     assert os.listdir(second) == ["meta.json"] and oct(os.stat(second).st_mode & 0o777) == "0o700"
 
     def broken(tmp):
@@ -57,5 +57,5 @@ def test_a_new_folder_is_complete_or_absent_and_never_replaces_another(tmp_path)
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        safe_files.new_folder(str(tmp_path / "rank_0"), "capture", broken)
-    assert sorted(os.listdir(tmp_path / "rank_0")) == ["capture", "capture-2"]  # no half folder left
+        safe_files.new_folder(str(tmp_path / "rank_0"), "b", broken)
+    assert sorted(os.listdir(tmp_path / "rank_0")) == ["b", "b-2"]  # no half folder left

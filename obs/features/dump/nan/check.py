@@ -11,7 +11,7 @@ backward.
 Each check is one sum (:func:`obs.features.dump.stats.tensor_stats.nonfinite_counts`); exact counts only when it fails.
 
 On a finding (the first of a step, up to ``limit`` in all): a FAULT event ``nan_inf`` (recorded by
-the RDR), a capture folder ``{root}/rank_{r}/nan_check/{stamp}_{scope}/`` with the inputs and the
+the RDR), a fault folder ``{root}/rank_{r}/nan_check/{stamp}_{scope}/`` with the inputs and the
 non-finite outputs (or the gradient) and their counts, then either training goes on
 (``action="continue"``) or a ``FloatingPointError`` is raised from the hook (``"raise"``), which
 reaches the user as any error of that module would (and exception_dump dumps it when armed).
@@ -40,9 +40,9 @@ from obs._core.demands import demands
 from obs._core.events import Event, Subscription, bus
 from obs._core.internal import SUPPRESSION, report_internal_error
 from obs.features.compiled_notice import CompiledNotice
-from obs.features.dump._layout import op_type
+from obs.features.dump._file_names import op_type
 from obs.features.dump._tensors import UNINITIALISED_OPS, keep_scopes, tensors_in
-from obs.features.dump.capture import outputs_in
+from obs.features.dump.fault_folder import outputs_in
 from obs.features.dump.nan import native_check
 from obs.features.dump.nan._grad_links import ELEMENTWISE_BACKWARD, MAX_POOLS, GradLinks, preserves_in_backward
 from obs.features.dump.nan.device_flags import DeviceFlags
@@ -71,7 +71,7 @@ _KNOWN_MAX = 4096  # tensors known finite in one step, at most
 
 
 def _outputs_of(value: Any) -> Any:
-    """:func:`~obs.features.dump.capture.outputs_in`, without the generator for the common case: one tensor."""
+    """:func:`~obs.features.dump.fault_folder.outputs_in`, without the generator for the common case: one tensor."""
     return (("output", value),) if isinstance(value, torch.Tensor) else outputs_in(value)
 
 

@@ -1,12 +1,12 @@
-"""What the NaN/Inf check does with a finding: at most one per step, ``limit`` in all, each a capture and a FAULT.
+"""What the NaN/Inf check does with a finding: at most one per step, ``limit`` in all, each a fault folder and a FAULT.
 
 A finding is made either where the check read the tensor (:meth:`Findings.report`: exact counts, the inputs and the
-bad tensor in the capture, ``action="raise"`` raises right there), or from a step's device gates read after the step
+bad tensor in its folder, ``action="raise"`` raises right there), or from a step's device gates read after the step
 (:meth:`Findings.report_later`, on the poller's thread: :mod:`obs.features.dump.nan.device_flags`), or from the counts a
 compiled graph computed on the device, read after the step (:meth:`Findings.report_counted_later`: exact counts, no
 tensors, no Python stack, raised as late findings are).  A late finding
 knows the place, the step and which of NaN, +Inf, -Inf the tensor held (a NaN hides the infinities), not how many:
-the tensors are gone, so its capture has ``meta.json`` alone, says so (``counted``: false, ``tensors``), and its
+the tensors are gone, so its folder has ``meta.json`` alone, says so (``counted``: false, ``tensors``), and its
 counts are null.  With ``action="raise"`` its error is kept and raised on the training thread by the next check
 that runs there (:meth:`Findings.raise_pending`): in the step after the bad one, or later when the host runs ahead
 of the device by more than a step.
@@ -22,7 +22,7 @@ from typing import Any
 
 from obs._core.events import Event, bus
 from obs._core.internal import report_internal_error, suppressed
-from obs.features.dump.capture import python_stack, write_capture
+from obs.features.dump.fault_folder import python_stack, write_fault_folder
 from obs.settings.parallel import rank
 
 __all__ = ["Findings", "NonFiniteError"]
@@ -32,11 +32,17 @@ _NOT_KEPT = ("not kept: on this device the check reads each step's gates once, a
 
 
 class NonFiniteError(FloatingPointError):
-    """Raised (``action="raise"``) where the first NaN/Inf appeared; ``capture`` is its dump folder."""
+    """Raised (``action="raise"``) where the first NaN/Inf appeared; ``folder`` is its fault folder (``capture``, the
+    name it had before, still answers)."""
 
-    def __init__(self, message: str, capture: str | None) -> None:
+    def __init__(self, message: str, folder: str | None) -> None:
         super().__init__(message)
-        self.capture = capture
+        self.folder = folder
+
+    @property
+    def capture(self) -> str | None:
+        """The fault folder, by its former name."""
+        return self.folder
 
 
 def kinds(low: float, high: float) -> list[str]:
@@ -70,7 +76,7 @@ class Findings:
 
     def report(self, step: int, phase: str, kind: str, scope: str, op: str, counts: tuple[int, int, int],
                where: str, groups: list[tuple[str, Any]], frame: FrameType | None) -> None:
-        """A finding where the tensor was read (``frame``: the user's code that made it): capture, FAULT, and the
+        """A finding where the tensor was read (``frame``: the user's code that made it): its folder, FAULT, and the
         raise of ``action="raise"``."""
         made = self._make(step, phase, kind, scope, op, where, *_counted(counts), groups, frame, False)
         if made is not None:
@@ -123,8 +129,8 @@ class Findings:
     def _make(self, step: int, phase: str, kind: str, scope: str, op: str, where: str, fields: dict[str, Any],
               tail: str, groups: list[tuple[str, Any]],
               frame: FrameType | None, late: bool) -> tuple[NonFiniteError, str] | None:
-        """The capture and the record of a finding, and its error and place for the FAULT; None where it is not made
-        (one a step, ``limit`` in all)."""
+        """The fault folder and the record of a finding, and its error and place for the FAULT; None where it is not
+        made (one a step, ``limit`` in all)."""
         with self._lock:
             if self.done or self.step_reported == step:
                 return None
@@ -133,16 +139,15 @@ class Findings:
             finding = {"phase": phase, "kind": kind, "scope": scope, "op": op, "step": step, "where": where,
                        **fields, "rank": rank()}
             message = f"first NaN/Inf in {phase} at {place} (step {step}, {where}): {tail}"
-            capture = None
+            folder = None
             try:
+                meta = {**finding, "message": message, "python_stack": python_stack(None, frame) if frame else []}
                 with suppressed():
-                    capture = write_capture(self.root, finding["rank"], "nan_check", place,
-                                            {**finding, "message": message,
-                                             "python_stack": python_stack(None, frame) if frame is not None else []},
-                                            groups, "NaN/Inf dump")
-            except Exception as exc:  # noqa: BLE001 - reported; the finding is kept without its capture
+                    folder = write_fault_folder(self.root, finding["rank"], "nan_check", place, meta, groups,
+                                                "NaN/Inf dump")
+            except Exception as exc:  # noqa: BLE001 - reported; the finding is kept without its folder
                 report_internal_error("nan_check write", exc)
-            finding["capture"] = capture
+            finding["folder"] = folder
             self.findings.append(finding)
             self._on_report(step, late)
-        return NonFiniteError(message, capture), place  # the recorder's event and bundle say what was found
+        return NonFiniteError(message, folder), place  # the recorder's event and bundle say what was found

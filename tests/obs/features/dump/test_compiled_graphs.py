@@ -179,6 +179,6 @@ def test_statistics_read_after_the_step_give_the_same_rows_and_findings(case, fe
 
     def findings(folder):
         metas = [json.loads((d / "meta.json").read_text()) for d in sorted((folder / "rank_0" / "nan_check").iterdir())]
-        return [{k: v for k, v in m.items() if k not in ("python_stack", "capture")} for m in metas]
+        return [{k: v for k, v in m.items() if k != "python_stack"} for m in metas]
 
     assert findings(later_path) == findings(now_path) != []

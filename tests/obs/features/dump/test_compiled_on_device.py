@@ -214,7 +214,6 @@ def nan_findings(tmp_path, defer, deferred: bool, **section) -> tuple[list[dict]
     root = tmp_path / "rank_0" / "nan_check"
     found = [json.loads((d / "meta.json").read_text()) for d in sorted(root.iterdir())]
     for meta in found:
-        meta.pop("capture", None)
         meta.pop("python_stack")  # the training thread's, where the graph ran: none after the step
     return found, during[-1]
 

@@ -61,19 +61,19 @@ class Net(torch.nn.Module):
         return self.fc3(torch.relu(self.fc2(self.poison(self.fc1(x)))))
 
 
-def captures(tmp_path):
+def fault_folders(tmp_path):
     root = tmp_path / "rank_0" / "nan_check"
     return sorted(root.iterdir()) if root.exists() else []
 
 
-def the_capture(tmp_path, call, **section):
-    """Run ``call`` with the check armed (``section``), then the one capture's folder and its meta.json."""
+def the_fault_folder(tmp_path, call, **section):
+    """Run ``call`` with the check armed (``section``), then the one fault folder and its meta.json."""
     arm(tmp_path, **section)
     try:
         call()
     finally:
         obs.reset_context()
-    [folder] = captures(tmp_path)
+    [folder] = fault_folders(tmp_path)
     return folder, json.loads((folder / "meta.json").read_text())
 
 
@@ -88,7 +88,7 @@ def train_step(net, opt=None):
 def test_forward_nan_is_found_at_the_module_that_made_it(tmp_path):
     arm(tmp_path)
     train_step(Net(forward_nan=True))
-    [folder] = captures(tmp_path)
+    [folder] = fault_folders(tmp_path)
     meta = json.loads((folder / "meta.json").read_text())
     assert (meta["phase"], meta["scope"], meta["nan"], meta["step"]) == \
         ("forward", "Default/net-Net/poison-Poison", 24, 1)
@@ -99,7 +99,7 @@ def test_forward_nan_is_found_at_the_module_that_made_it(tmp_path):
 def test_backward_nan_is_found_at_the_first_gradient_that_holds_it(tmp_path):
     arm(tmp_path)
     train_step(Net(backward_nan=True))
-    [folder] = captures(tmp_path)
+    [folder] = fault_folders(tmp_path)
     meta = json.loads((folder / "meta.json").read_text())
     # The gradient reaching fc1's output is the first to hold NaN: Poison's backward made it.
     assert (meta["phase"], meta["scope"], meta["where"]) == ("backward", "Default/net-Net/fc1-Linear",
@@ -111,13 +111,14 @@ def test_raise_action_stops_training_where_the_nan_appeared(tmp_path):
     arm(tmp_path, action="raise")
     with pytest.raises(FloatingPointError, match="poison-Poison") as info:
         train_step(Net(forward_nan=True))
-    assert isinstance(info.value, NonFiniteError) and info.value.capture == str(captures(tmp_path)[0])
+    assert isinstance(info.value, NonFiniteError) and info.value.folder == str(fault_folders(tmp_path)[0])
+    assert info.value.capture == info.value.folder  # the former name, kept
 
 
 def test_op_granularity_names_the_aten_op(tmp_path):
     arm(tmp_path, granularity="op")
     train_step(Net(forward_nan=True))
-    [folder] = captures(tmp_path)
+    [folder] = fault_folders(tmp_path)
     meta = json.loads((folder / "meta.json").read_text())
     assert (meta["kind"], meta["op"], meta["scope"], meta["phase"]) == \
         ("op", "log.default", "Default/net-Net/poison-Poison", "forward")
@@ -126,7 +127,7 @@ def test_op_granularity_names_the_aten_op(tmp_path):
 def test_op_granularity_in_backward(tmp_path):
     arm(tmp_path, granularity="op")
     train_step(Net(backward_nan=True))
-    [folder] = captures(tmp_path)
+    [folder] = fault_folders(tmp_path)
     meta = json.loads((folder / "meta.json").read_text())
     assert (meta["op"], meta["phase"]) == ("mul.Tensor", "backward")
 
@@ -136,7 +137,7 @@ def test_a_clean_run_reports_nothing_and_the_rdr_records_the_place(tmp_path):
     net = Net()
     for _ in range(3):
         train_step(net)
-    assert captures(tmp_path) == []
+    assert fault_folders(tmp_path) == []
     faults = []
     obs.subscribe(obs.Event.FAULT, lambda kind, detail, error: faults.append((kind, detail)))
     train_step(Net(forward_nan=True))
@@ -153,7 +154,7 @@ def test_dump_config_overflow_mode_turns_it_on(tmp_path, monkeypatch):
     net = Net(forward_nan=True)
     for _ in range(3):
         train_step(net)
-    found = [json.loads((f / "meta.json").read_text()) for f in captures(tmp_path / "d")]
+    found = [json.loads((f / "meta.json").read_text()) for f in fault_folders(tmp_path / "d")]
     # as the original's overflow mode: op by op, the first of each step, overflow_number of them
     assert [(m["op"], m["step"]) for m in found] == [("log.default", 1), ("log.default", 2)]
 
@@ -169,7 +170,7 @@ def test_a_relu_or_maxpool_output_is_not_read_again_when_its_inputs_were_finite(
     finally:
         obs.reset_context()
     assert check.outputs_read == 2  # the conv's and the linear's outputs; ReLU, MaxPool, Sigmoid derive
-    assert captures(tmp_path) == []
+    assert fault_folders(tmp_path) == []
 
 
 def test_a_nan_that_enters_from_outside_any_module_is_found_at_the_first_relu(tmp_path):
@@ -181,7 +182,7 @@ def test_a_nan_that_enters_from_outside_any_module_is_found_at_the_first_relu(tm
         net(x).sum().backward()
     finally:
         obs.reset_context()
-    [folder] = captures(tmp_path)
+    [folder] = fault_folders(tmp_path)
     meta = json.loads((folder / "meta.json").read_text())
     assert (meta["phase"], meta["scope"], meta["nan"]) == ("forward", "Default/net-Sequential/0-ReLU", 1)
 
@@ -203,7 +204,7 @@ def test_an_input_changed_in_place_after_its_check_is_read_again(tmp_path):
         Net()(torch.randn(2, 4))
     finally:
         obs.reset_context()
-    [folder] = captures(tmp_path)
+    [folder] = fault_folders(tmp_path)
     assert json.loads((folder / "meta.json").read_text())["scope"] == "Default/net-Net/act-ReLU"
 
 
@@ -215,19 +216,19 @@ class Pair(torch.nn.Module):
 
 
 def test_an_output_is_labelled_as_an_output_and_inputs_as_arguments(tmp_path):
-    _, meta = the_capture(tmp_path, lambda: Poison(forward_nan=True)(torch.randn(3, 4)), backward=False)
+    _, meta = the_fault_folder(tmp_path, lambda: Poison(forward_nan=True)(torch.randn(3, 4)), backward=False)
     assert meta["where"] == "output" and "output)" in meta["message"]
     assert [o["arg"] for o in meta["outputs"]] == ["output"] and [i["arg"] for i in meta["inputs"]] == ["args[0]"]
 
 
 def test_the_bad_element_of_a_tuple_output_is_named_by_its_index(tmp_path):
-    folder, meta = the_capture(tmp_path, lambda: Pair()(torch.randn(3, 4)), backward=False)
+    folder, meta = the_fault_folder(tmp_path, lambda: Pair()(torch.randn(3, 4)), backward=False)
     assert meta["where"] == "output[1]" and [o["arg"] for o in meta["outputs"]] == ["output[1]"]
     assert np.isnan(np.load(folder / "outputs.0.npy")).all()
 
 
 def test_op_granularity_labels_the_op_output_as_an_output(tmp_path):
-    _, meta = the_capture(tmp_path, lambda: Poison(forward_nan=True)(torch.randn(3, 4)), granularity="op",
+    _, meta = the_fault_folder(tmp_path, lambda: Poison(forward_nan=True)(torch.randn(3, 4)), granularity="op",
                           backward=False)
     assert (meta["op"], meta["where"]) == ("log.default", "output")
     assert [o["arg"] for o in meta["outputs"]] == ["output"] and [i["arg"] for i in meta["inputs"]] == ["args[0]"]

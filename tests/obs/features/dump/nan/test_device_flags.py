@@ -21,7 +21,7 @@ from obs.features.dump.nan import device_flags
 from obs.features.dump.nan.check import NanCheck, NonFiniteError
 from obs.features.dump.nan.device_flags import DeviceFlags
 from obs.features.dump.nan.findings import kinds
-from tests.obs.features.dump.nan.test_check import Net, captures, train_step
+from tests.obs.features.dump.nan.test_check import Net, fault_folders, train_step
 
 NAN, INF = float("nan"), float("inf")
 
@@ -180,7 +180,7 @@ def deferred(monkeypatch, tmp_path):
 
 
 def meta(tmp_path):
-    [folder] = captures(tmp_path)
+    [folder] = fault_folders(tmp_path)
     return json.loads((folder / "meta.json").read_text())
 
 
@@ -196,7 +196,7 @@ def test_a_forward_nan_is_named_after_the_step_without_a_read_back(deferred, tmp
     assert (found["phase"], found["scope"], found["step"], found["where"]) == \
         ("forward", "Default/net-Net/poison-Poison", 1, "output")
     assert (found["nan"], found["found"], found["counted"]) == (None, ["NaN"], False)
-    assert "not kept" in found["tensors"] and not list(captures(tmp_path)[0].glob("*.npy"))
+    assert "not kept" in found["tensors"] and not list(fault_folders(tmp_path)[0].glob("*.npy"))
 
 
 def test_a_backward_nan_is_found_at_the_first_gradient_that_holds_it(deferred, tmp_path):
@@ -230,7 +230,7 @@ def test_raise_comes_on_the_training_thread_at_the_next_check(deferred, tmp_path
     net.poison.forward_nan = False
     with pytest.raises(NonFiniteError, match=r"poison-Poison \(step 1, output\): NaN") as info:
         train_step(net)
-    assert info.value.capture == str(captures(tmp_path)[0])
+    assert info.value.folder == str(fault_folders(tmp_path)[0])
 
 
 def test_op_granularity_gates_each_op_output(deferred, tmp_path):

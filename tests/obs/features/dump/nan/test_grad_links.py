@@ -146,4 +146,4 @@ def test_raise_mode_in_backward_reaches_the_caller_of_backward(tmp_path, native_
             loss.backward()
     finally:
         obs.reset_context()
-    assert info.value.capture and findings(tmp_path)[0]["nan"] == 12
+    assert info.value.folder and findings(tmp_path)[0]["nan"] == 12

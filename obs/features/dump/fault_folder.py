@@ -1,4 +1,5 @@
-"""One capture folder: the tensors of a failing (or first non-finite) op or module, and its ``meta.json``.
+"""One fault folder: the tensors of the op or module that failed (exception_dump) or made the first NaN/Inf (the NaN
+check), and its ``meta.json``; the fault itself is the RDR's (a FAULT event), whose bundle names the folder.
 
 ``{root}/rank_{r}/{kind}/{stamp}_{scope}/`` holds ``inputs.N.npy`` (``outputs.N.npy``,
 ``saved.N.npy``) and ``meta.json`` (op, scope, step, shapes, dtypes, devices, exception text,
@@ -19,10 +20,11 @@ from types import FrameType
 from typing import Any
 
 from obs._core import outputs, safe_files
-from obs.features.dump._layout import escape_name, inside, npy_bytes
+from obs.features.dump._file_names import escape_name, inside
+from obs.features.dump._npy import npy_bytes
 from obs.features.dump._tensors import describe, host_array, tensors_in
 
-__all__ = ["SCHEMA_VERSION", "outputs_in", "python_stack", "write_capture"]
+__all__ = ["SCHEMA_VERSION", "outputs_in", "python_stack", "write_fault_folder"]
 
 SCHEMA_VERSION = 1
 
@@ -54,9 +56,9 @@ def _stamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"-{int(now % 1 * 1e6):06d}"
 
 
-def write_capture(root: str, rank: int, kind: str, scope: str, meta: dict[str, Any],
-                  groups: Iterable[tuple[str, Iterable[tuple[str, Any]]]], what: str) -> str:
-    """Write one capture folder and return its path.
+def write_fault_folder(root: str, rank: int, kind: str, scope: str, meta: dict[str, Any],
+                       groups: Iterable[tuple[str, Iterable[tuple[str, Any]]]], what: str) -> str:
+    """Write one fault folder and return its path.
 
     ``groups``: ``(prefix, [(where, tensor), ...])`` such as ``("inputs", tensors_in(args, kwargs))``;
     the N-th tensor of a group becomes ``{prefix}.N.npy``.  ``what`` names the folder in ``obs run``'s

@@ -1,25 +1,21 @@
-"""File helpers every dump writer shares: names that stay inside the dump folder, MindSpore's ``.npy`` bytes.
+"""The names of the files and folders the dumps write: MindSpore's, escaped, and never outside the dump folder.
 
 * :func:`escape_name` is MindSpore's op-name escape (``/ \\ .`` and space become ``_``), applied to
   every name that came from a model (op, module, net names), plus anything outside
   ``[A-Za-z0-9_+=()-]`` becoming ``_``, and long names cut with a hash suffix, so no name can
   climb out of its folder or exceed a file system's name limit.
 * :func:`inside` joins escaped parts under a root and refuses a result that leaves it.
-* :func:`npy_bytes` writes the original's npy header: version 1.0, every dim followed by a comma
-  (``(2,3,)``, ``()``), padded with spaces and a newline to a multiple of 64 bytes (a full 64 when
-  already aligned).  ``numpy.load`` reads the files.
+* :func:`op_type` is an aten op's MindSpore-style type (``Addmm``), the first part of its file and row names.
 """
 
 from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from obs._core import safe_files
 from obs._core.errors import UnsafePathError
 
-__all__ = ["escape_name", "inside", "npy_bytes", "npy_header", "op_type"]
+__all__ = ["escape_name", "inside", "op_type"]
 
 _MINDSPORE = r"A-Za-z0-9_+=()\-"  # no comma: names are columns of statistic.csv
 _NAME_MAX = 160  # bytes kept of one name; the rest of a dump file name (type, slots, stamp) fits in 255
@@ -47,24 +43,3 @@ def inside(root: str, *parts: str, escape: bool = True) -> str:
     if os.path.commonpath([base, os.path.abspath(path)]) != base:
         raise UnsafePathError(f"refusing to write {path!r}: it is outside the dump folder {base!r}", path=path)
     return path
-
-
-def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
-    """The ``.npy`` preamble MindSpore writes for an array of ``descr`` (``<f4``) and ``shape``."""
-    dims = "".join(f"{int(d)}," for d in shape)
-    text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({dims}), }}"
-    pad = 64 - (10 + len(text) + 1) % 64
-    text += " " * pad + "\n"
-    if len(text) <= 0xFFFF:
-        return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode("latin1")
-    pad = 64 - (12 + len(text.rstrip()) + 1) % 64
-    text = text.rstrip() + " " * pad + "\n"
-    return b"\x93NUMPY\x02\x00" + len(text).to_bytes(4, "little") + text.encode("latin1")
-
-
-def npy_bytes(array: np.ndarray) -> tuple[bytes, memoryview]:
-    """(preamble, data) of ``array`` as a little-endian C-order ``.npy`` in MindSpore's header style."""
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    array = np.ascontiguousarray(array)
-    return npy_header(array.dtype.str, array.shape), memoryview(array).cast("B")
