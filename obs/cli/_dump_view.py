@@ -149,25 +149,12 @@ def run_stats(path: str, *, op: str | None, iteration: int | None, io: str | Non
 
 
 # -- diff ----------------------------------------------------------------------------------------
-def _num(value: float | None, digits: int = 3) -> str:
-    return "" if value is None else f"{value:.{digits}g}"
-
-
-def _metrics_text(op: Any) -> str:
-    from obs.features.dump.diff.render import cosine_text
-
-    parts = [f"{label} {cosine_text(op.cosine) if key == 'cosine' else _num(getattr(op, key))}" for key, label in
-             (("max_abs", "max abs"), ("max_rel", "max rel"), ("cosine", "cosine"), ("mean_rel", "mean rel"),
-              ("l2_rel", "l2 rel")) if getattr(op, key) is not None]
-    return ", ".join(parts) + f" (from {op.source}" + (": no cosine" if op.cosine is None else "") + ")"
-
-
 def _op_table(title: str, ops: list[Any]) -> Table:
-    from obs.features.dump.diff.render import cosine_text
+    from obs.features.dump.diff.metrics import METRIC_LABELS
+    from obs.features.dump.diff.render import metric_text
 
     table = Table(title=title, title_justify="left")
-    for column in ("iter", "#", "status", "op", "updates", "from", "max abs", "max rel", "cosine", "mean rel",
-                   "l2 rel"):
+    for column in ("iter", "#", "status", "op", "updates", "from", *METRIC_LABELS.values()):
         table.add_column(column, justify="left" if column in ("status", "op", "updates", "from") else "right",
                          overflow="fold" if column == "op" else "ellipsis")
     for op in ops:
@@ -177,12 +164,14 @@ def _op_table(title: str, ops: list[Any]) -> Table:
         style = {"producer": "bold red", "carried": "yellow"}.get(op.status, "")
         updates = op.parameter if op.parameter and op.op_type != "Parameter" else ""
         table.add_row(str(op.iteration), str(op.index), f"[{style}]{op.status}[/]" if style else op.status,
-                      markup_text(name), markup_text(updates), op.source or "", _num(op.max_abs),
-                      _num(op.max_rel), cosine_text(op.cosine), _num(op.mean_rel), _num(op.l2_rel))
+                      markup_text(name), markup_text(updates), op.source or "",
+                      *(metric_text(op, key) for key in METRIC_LABELS))
     return table
 
 
 def _producer_table(op: Any) -> Table:
+    from obs.features.dump.diff.render import metrics_text, number_text
+
     table = Table(show_header=False, box=None)
     table.add_row("op", markup_text(op.name_a or ""))
     if op.renamed:
@@ -197,8 +186,8 @@ def _producer_table(op: Any) -> Table:
     else:
         worst = max((t.metrics.max_rel or 0.0) for t in inputs)
         table.add_row("inputs", "agree exactly" if worst == 0 else
-                      f"agree within the tolerance (max rel {_num(worst)}: a difference below it, grown here)")
-    table.add_row("outputs", _metrics_text(op))
+                      f"agree within the tolerance (max rel {number_text(worst)}: a difference below it, grown here)")
+    table.add_row("outputs", metrics_text(op))
     for t in op.tensors:
         if not t.metrics.within:
             table.add_row(f"{t.io} {t.slot}", markup_text(f"differs in {t.metrics.what}: A {_fmt(t.metrics.a)}, "

@@ -9,15 +9,16 @@ gives a report as JSON and as an HTML page.  Pure: dump readers in, dataclasses 
 
 from __future__ import annotations
 
-from obs.features.dump.diff.metrics import Tolerance
+from obs.features.dump.diff.metrics import DiffMetrics, Tolerance
 from obs.features.dump.diff.report import (
-                                           DiffReport,
-                                           DiffResult,
-                                           Divergence,
-                                           OpDiff,
-                                           TensorDiff,
-                                           compare_dumps,
-                                           diff_dumps,
+    DiffReport,
+    DiffResult,
+    Divergence,
+    OpDiff,
+    TensorDiff,
+    compare_dumps,
+    diff_dumps,
 )
 
-__all__ = ["DiffReport", "DiffResult", "Divergence", "OpDiff", "TensorDiff", "Tolerance", "compare_dumps", "diff_dumps"]
+__all__ = ["DiffMetrics", "DiffReport", "DiffResult", "Divergence", "OpDiff", "TensorDiff", "Tolerance",
+           "compare_dumps", "diff_dumps"]

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from obs._core import safe_files
-from obs.features.dump.diff.metrics import Metrics, Tolerance, statistic_metrics_many, tensor_metrics
+from obs.features.dump.diff.metrics import DiffMetrics, Tolerance, statistic_metrics_many, tensor_metrics
 from obs.features.dump.diff.records import TEXT, OpRecord, StepRecords
 from obs.features.dump.reader import load_npy
 
@@ -33,7 +33,7 @@ class TensorDiff(NamedTuple):
     source: str
     dtype_a: str
     dtype_b: str
-    metrics: Metrics
+    metrics: DiffMetrics
     row: int
 
 
@@ -82,7 +82,7 @@ class Parameters:
         return [by_value.get(v) if v is not None and starts[v] == 1 else None for v in values]
 
 
-SAME_STATISTICS = Metrics(True, 0.0, 0.0, None, 0.0, 0.0)  #: two rows whose statistics are the same text
+SAME_STATISTICS = DiffMetrics(True, 0.0, 0.0, None, 0.0, 0.0)  #: two rows whose statistics are the same text
 
 
 class StepComparer:
@@ -124,7 +124,7 @@ class StepComparer:
                     diffs.append(self._tensors(row_a, row_b, path_a, path_b))
                 elif ra.raw and rb.raw and self.keys:
                     if ra.shape[row_a] != rb.shape[row_b]:
-                        metrics = Metrics(False, what="shape", a=ra.shape[row_a], b=rb.shape[row_b])
+                        metrics = DiffMetrics(False, what="shape", a=ra.shape[row_a], b=rb.shape[row_b])
                     elif self.same_keys and ra.raw[row_a] == rb.raw[row_b]:
                         metrics = SAME_STATISTICS
                     else:
@@ -142,7 +142,7 @@ class StepComparer:
         ra, rb = self.ra, self.rb
         xa, xb = load_npy(path_a), load_npy(path_b)
         if xa.shape != xb.shape:
-            metrics = Metrics(False, what="shape", a=xa.shape, b=xb.shape)
+            metrics = DiffMetrics(False, what="shape", a=xa.shape, b=xb.shape)
         else:
             metrics = tensor_metrics(xa, xb, *self.tol(ra.dtype[row_a], rb.dtype[row_b]))
         del xa, xb  # one pair in memory at a time

@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "EXACT", "PRESETS", "Metrics", "Tolerance", "close", "number",
+__all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "EXACT", "METRIC_LABELS", "PRESETS", "DiffMetrics", "Tolerance", "close",
+           "number",
            "statistic_metrics", "statistic_metrics_many", "tensor_metrics"]
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-5, 1e-8  # obs dump diff without --tolerance: one tolerance for every dtype
@@ -83,7 +84,12 @@ class Tolerance:
         return ", ".join(parts)
 
 
-class Metrics(NamedTuple):
+#: the metrics of a tensor pair and of an op (fields of :class:`DiffMetrics` and ``OpDiff``), as every report names them
+METRIC_LABELS = {"max_abs": "max abs", "max_rel": "max rel", "cosine": "cosine", "mean_rel": "mean rel",
+                 "l2_rel": "l2 rel"}
+
+
+class DiffMetrics(NamedTuple):
     """The distance of A from B; None where it cannot be had (a cosine from statistics, an empty tensor)."""
 
     within: bool
@@ -97,7 +103,7 @@ class Metrics(NamedTuple):
     b: Any = None
 
 
-EXACT = Metrics(True, 0.0, 0.0, None, 0.0, 0.0)
+EXACT = DiffMetrics(True, 0.0, 0.0, None, 0.0, 0.0)
 
 
 def number(value: Any) -> float | str | None:
@@ -146,7 +152,7 @@ def _rel(a: float, b: float) -> float:
 
 
 def statistic_metrics(keys: list[str], values_a: list[Any], values_b: list[Any], rtol: float,
-                      atol: float) -> Metrics:
+                      atol: float) -> DiffMetrics:
     """Two rows' statistics (``keys[i]`` names ``values_a[i]`` and ``values_b[i]``, raw text or numbers)."""
     what, va, vb = "", None, None
     max_abs = max_rel = 0.0
@@ -164,14 +170,14 @@ def statistic_metrics(keys: list[str], values_a: list[Any], values_b: list[Any],
             mean_rel = rel
         elif key == "l2norm":
             l2_rel = rel
-    return Metrics(not what, max_abs, max_rel, None, mean_rel, l2_rel, what, va, vb)
+    return DiffMetrics(not what, max_abs, max_rel, None, mean_rel, l2_rel, what, va, vb)
 
 
 _EXTREMES = ("max", "min", "avg")  # the statistics in the tensor's own units: their gaps bound max |a - b| from below
 
 
 def statistic_metrics_many(keys: list[str], va: np.ndarray, vb: np.ndarray, ca: np.ndarray, cb: np.ndarray,
-                           text_same: np.ndarray, rtol: np.ndarray, atol: np.ndarray) -> list[Metrics]:
+                           text_same: np.ndarray, rtol: np.ndarray, atol: np.ndarray) -> list[DiffMetrics]:
     """:func:`statistic_metrics` of many pairs of rows at once: ``va``/``vb`` their statistics as floats (rows ×
     ``keys``), ``ca``/``cb`` what each cell holds (0 a number, 1 null, 2 text), ``text_same`` whether two text
     cells are the same text, ``rtol``/``atol`` each pair's tolerance.  A and B of a differing cell are floats, or
@@ -205,11 +211,12 @@ def statistic_metrics_many(keys: list[str], va: np.ndarray, vb: np.ndarray, ca: 
     out = []
     for r, (inside, k) in enumerate(zip(within.tolist(), bad.tolist())):
         if inside:
-            out.append(Metrics(True, float(max_abs[r]), float(max_rel[r]), None, means[r], norms[r]))
+            out.append(DiffMetrics(True, float(max_abs[r]), float(max_rel[r]), None, means[r], norms[r]))
         else:
             a = None if ca[r, k] == 1 else float(va[r, k])
             b = None if cb[r, k] == 1 else float(vb[r, k])
-            out.append(Metrics(False, float(max_abs[r]), float(max_rel[r]), None, means[r], norms[r], keys[k], a, b))
+            out.append(DiffMetrics(False, float(max_abs[r]), float(max_rel[r]), None, means[r], norms[r], keys[k], a,
+                                   b))
     return out
 
 
@@ -220,10 +227,10 @@ def _flat_real(x: np.ndarray) -> np.ndarray:
     return flat
 
 
-def tensor_metrics(xa: np.ndarray, xb: np.ndarray, rtol: float, atol: float) -> Metrics:
+def tensor_metrics(xa: np.ndarray, xb: np.ndarray, rtol: float, atol: float) -> DiffMetrics:
     """Two arrays of one shape, elementwise, a chunk at a time."""
     if xa.dtype == xb.dtype and xa.dtype.kind not in "fc" and np.array_equal(xa, xb):
-        return Metrics(True, 0.0, 0.0, 1.0 if xa.size else None, 0.0, 0.0)
+        return DiffMetrics(True, 0.0, 0.0, 1.0 if xa.size else None, 0.0, 0.0)
     fa, fb = _flat_real(xa), _flat_real(xb)
     within = True
     max_abs = max_rel = 0.0
@@ -263,6 +270,6 @@ def tensor_metrics(xa: np.ndarray, xb: np.ndarray, rtol: float, atol: float) -> 
     mean_rel = _rel(sum_a / count, sum_b / count) if count else 0.0
     l2_rel = _rel(math.sqrt(sa2), math.sqrt(sb2))
     if within:
-        return Metrics(True, max_abs, max_rel, cosine, mean_rel, l2_rel)
-    return Metrics(False, max_abs, max_rel, cosine, mean_rel, l2_rel, "values", f"max |a-b| = {max_abs:.6g}",
+        return DiffMetrics(True, max_abs, max_rel, cosine, mean_rel, l2_rel)
+    return DiffMetrics(False, max_abs, max_rel, cosine, mean_rel, l2_rel, "values", f"max |a-b| = {max_abs:.6g}",
                    f"rtol={rtol:g}, atol={atol:g}")

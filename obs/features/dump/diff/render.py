@@ -9,12 +9,10 @@ import html
 import math
 from typing import Any
 
-from obs.features.dump.diff.metrics import Metrics
+from obs.features.dump.diff.metrics import METRIC_LABELS, DiffMetrics
 from obs.features.dump.diff.report import DiffReport, OpDiff
 
-__all__ = ["cosine_text", "op_dict", "render_html", "report_dict"]
-
-_METRICS = ("max_abs", "max_rel", "cosine", "mean_rel", "l2_rel")
+__all__ = ["cosine_text", "metric_text", "metrics_text", "number_text", "op_dict", "render_html", "report_dict"]
 
 
 def _num(value: float | None) -> float | str | None:
@@ -32,8 +30,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _metrics_dict(m: Metrics) -> dict[str, Any]:
-    return {"within": m.within, **{k: _num(getattr(m, k)) for k in _METRICS},
+def _metrics_dict(m: DiffMetrics) -> dict[str, Any]:
+    return {"within": m.within, **{k: _num(getattr(m, k)) for k in METRIC_LABELS},
             **({"differs_in": m.what, "a": _plain(m.a), "b": _plain(m.b)} if m.what else {})}
 
 
@@ -43,7 +41,7 @@ def op_dict(op: OpDiff, *, tensors: bool = True) -> dict[str, Any]:
                            "op_type": op.op_type, "name_a": op.name_a, "name_b": op.name_b, "phase": op.phase,
                            "parameter": op.parameter, "inputs_agree": op.inputs_agree,
                            "outputs_agree": op.outputs_agree, "source": op.source,
-                           **{k: _num(getattr(op, k)) for k in _METRICS}}
+                           **{k: _num(getattr(op, k)) for k in METRIC_LABELS}}
     if tensors:
         out["tensors"] = [{"io": t.io, "slot": t.slot, "source": t.source, "dtype_a": t.dtype_a, "dtype_b": t.dtype_b,
                            **_metrics_dict(t.metrics)} for t in op.tensors]
@@ -106,22 +104,22 @@ def cosine_text(value: float | None) -> str:
     return f"1-{1 - value:.2g}" if 0.999 < value < 1 else f"{value:.6g}"
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
+def number_text(value: float | None) -> str:
+    """A metric's value in 3 significant digits (``inf``, ``nan``), empty for None."""
     if value is None:
         return ""
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
-    return f"{value:.{digits}g}"
+    return f"{value:.3g}"
 
 
-def _metrics_text(op: OpDiff) -> str:
-    """``max abs 1e-06, max rel 1e-05, cosine 0.999998 (from tensors)``: the metrics the op has."""
-    parts = [f"{label} {_metric(op, key)}" for key, label in
-             (("max_abs", "max abs"), ("max_rel", "max rel"), ("cosine", "cosine"), ("mean_rel", "mean rel"),
-              ("l2_rel", "l2 rel")) if getattr(op, key) is not None]
-    return ", ".join(parts) + f" (from {op.source})"
+def metrics_text(op: OpDiff) -> str:
+    """``max abs 1e-06, max rel 1e-05, cosine 0.999998 (from tensors)``: the metrics the op has (``from statistics:
+    no cosine``)."""
+    parts = [f"{label} {metric_text(op, key)}" for key, label in METRIC_LABELS.items() if getattr(op, key) is not None]
+    return ", ".join(parts) + f" (from {op.source}" + (": no cosine" if op.cosine is None else "") + ")"
 
 
 def _error(op: OpDiff) -> float | None:
@@ -168,8 +166,9 @@ def _plot(report: DiffReport, width: int = 1100, height: int = 260) -> str:
                          f'{html.escape(op.name)}</title></line>')
         elif err is not None and op.status in ("producer", "carried"):
             r = 5 if op is report.producer else 2.5
+            title = f"#{op.index} {op.status}: {html.escape(op.name)} ({number_text(err)})"
             parts.append(f'<circle cx="{x(op.index):.1f}" cy="{y(err):.1f}" r="{r}" fill="{_COLORS[op.status]}">'
-                         f'<title>#{op.index} {op.status}: {html.escape(op.name)} ({_fmt(err)})</title></circle>')
+                         f'<title>{title}</title></circle>')
     if report.producer is not None and _error(report.producer) is not None:
         p = report.producer
         px, py = x(p.index), y(_error(p))  # type: ignore[arg-type]
@@ -193,11 +192,12 @@ def _row(op: OpDiff, producer: OpDiff | None = None) -> str:
     cells = [str(op.index), str(op.iteration), op.status, html.escape(op.op_type)]
     return (f'<tr class="{op.status}"{ident}>' + "".join(f"<td>{c}</td>" for c in cells) +
             f'<td class="name">{name}</td><td class="param">{html.escape(parameter)}</td>'
-            f"<td>{op.source or ''}</td>" + "".join(f"<td>{_metric(op, k)}</td>" for k in _METRICS) + "</tr>")
+            f"<td>{op.source or ''}</td>" + "".join(f"<td>{metric_text(op, k)}</td>" for k in METRIC_LABELS) + "</tr>")
 
 
-def _metric(op: OpDiff, key: str) -> str:
-    return cosine_text(op.cosine) if key == "cosine" else _fmt(getattr(op, key))
+def metric_text(op: OpDiff, key: str) -> str:
+    """One metric of ``op`` (a key of :data:`~obs.features.dump.diff.metrics.METRIC_LABELS`) as a table shows it."""
+    return cosine_text(op.cosine) if key == "cosine" else number_text(getattr(op, key))
 
 
 def render_html(report: DiffReport, *, a: str, b: str, top: int = 10) -> str:
@@ -212,7 +212,7 @@ def render_html(report: DiffReport, *, a: str, b: str, top: int = 10) -> str:
                 f'rank {p.rank}, op #{p.index}' +
                 (f", updates parameter <b>{html.escape(p.parameter)}</b>" if p.parameter and
                  p.op_type != "Parameter" else "") +
-                f"; {_metrics_text(p)}</div><div>{len(divergent)} divergent ops: "
+                f"; {metrics_text(p)}</div><div>{len(divergent)} divergent ops: "
                 f'{sum(op.status == "producer" for op in divergent)} producing, '
                 f'{sum(op.status == "carried" for op in divergent)} carrying a difference on. '
                 '<a href="#producer">its row</a></div></div>')
@@ -230,7 +230,7 @@ def render_html(report: DiffReport, *, a: str, b: str, top: int = 10) -> str:
 
     head = "".join(f"<th>{c}</th>" for c in ("#", "iter", "status", "type")) + \
         '<th class="name">op (A; B where it differs)</th><th class="name">updates</th><th>from</th>' + \
-        "".join(f"<th>{c}</th>" for c in ("max abs", "max rel", "cosine", "mean rel", "l2 rel"))
+        "".join(f"<th>{c}</th>" for c in METRIC_LABELS.values())
     body = "\n".join(_row(op, p) for op in report.ops)
     firsts = (f"<h2>first divergences ({min(top, len(divergent))} of {len(divergent)})</h2>"
               f'<table class="first"><thead><tr>{head}</tr></thead><tbody>' +
