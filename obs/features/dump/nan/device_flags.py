@@ -26,13 +26,13 @@ from typing import Any
 import torch
 
 from obs._core.internal import suppressed
+from obs.features.dump._tensors import read_after_the_step
 from obs.runtime.device_readback import DeviceBatch, Poller, Sent
 
 __all__ = ["MAX_PENDING", "DeviceFlags"]
 
 #: checks kept before a batch is sent without a step end (a loop that never ends a step)
 MAX_PENDING = 8192
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 #: found(step, label, low, high) -> whether to go on walking the batch
 Found = Callable[[int, Any, float, float], bool]
@@ -61,8 +61,7 @@ class DeviceFlags:
 
     def takes(self, tensor: torch.Tensor) -> bool:
         """Whether :meth:`check` gates ``tensor`` on its device."""
-        return (tensor.is_cuda or (self._cpu and tensor.is_cpu)) and type(tensor) in _PLAIN and \
-            tensor.layout is torch.strided
+        return read_after_the_step(tensor, self._cpu)
 
     def check(self, tensor: torch.Tensor, step: int, label: Any) -> bool:
         """Gate ``tensor`` on its device for ``step`` (True; also when there is nothing to check: not a floating

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from obs._core.internal import suppressed
+from obs.features.dump._tensors import read_after_the_step
 from obs.features.dump.stats.tensor_stats import _add_hashes, prepared
 from obs.runtime.device_readback import DeviceBatch, Poller, Sent, pinned_copy
 
@@ -37,7 +38,6 @@ _COUNTS = {"nan count": "nan", "positive inf count": "pos_inf", "negative inf co
 _ZEROS = frozenset({"zero count", "positive zero count", "negative zero count"})
 _HASHES = frozenset({"md5", "hash:md5", "hash", "hash:sha1"})
 _TOKEN = re.compile("\x00([0-9]+)\x00")
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _INF = math.inf
 #: a row a device computed: (its index, dtype, shape, its categories' values of its row read back)
 _Computed = tuple[int, torch.dtype, Any, Callable[[list[float]], list[Any]]]
@@ -137,8 +137,7 @@ class DeviceStats:
 
     def takes(self, tensor: torch.Tensor) -> bool:
         """Whether :meth:`record` takes ``tensor`` (a plain strided CUDA tensor)."""
-        return (tensor.is_cuda or (self._cpu and tensor.is_cpu)) and type(tensor) in _PLAIN and \
-            tensor.layout is torch.strided
+        return read_after_the_step(tensor, self._cpu)
 
     def record(self, tensor: torch.Tensor, dtype: torch.dtype, shape: Any) -> list[Any]:
         """``tensor``'s record, its statistics queued on its device; its values and text come at :meth:`send`."""
