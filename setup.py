@@ -3,12 +3,13 @@ pyproject.toml."""
 
 from setuptools import Extension, setup
 
+_STATS = "obs/features/dump/stats"  # the statistic dump's room: its C pass and the vendored ryu
+
 setup(ext_modules=[Extension("recorder._hotpath",
                              ["recorder/_hotpath.c", "recorder/_shared.c", "recorder/_module_call.c"], optional=True,
                              depends=["recorder/_shared.h"],
                              extra_compile_args=["-O2"]),
-                   Extension("obs.features.dump._stats", ["obs/features/dump/_stats.c"], optional=True,
-                             depends=["obs/features/dump/_stats_api.h", "obs/features/dump/ryu/d2d.h",
-                                      "obs/features/dump/ryu/common.h", "obs/features/dump/ryu/d2s_intrinsics.h",
-                                      "obs/features/dump/ryu/d2s_full_table.h"],
+                   Extension("obs.features.dump.stats._stats", [f"{_STATS}/_stats.c"], optional=True,
+                             depends=[f"{_STATS}/{h}" for h in ("_stats_api.h", "ryu/d2d.h", "ryu/common.h",
+                                                                 "ryu/d2s_intrinsics.h", "ryu/d2s_full_table.h")],
                              extra_compile_args=["-O3"])])

@@ -1,19 +1,17 @@
 """Write an RDR bundle: a folder that is complete or absent, private, never overwriting another.
 
 ``{rdr_dir}/{UTC stamp}_{pid}_{reason}/`` holds ``manifest.json`` plus the payload files.  The
-folder is built under a hidden temporary name (unpredictable, created by ``mkdir``, so nothing can
-be planted in it) and renamed into place after every file is fsynced, so a crash (or a kill)
-during a dump leaves no half bundle.  Every folder and file goes through
-:mod:`obs._core.safe_files`: folders 0700, files 0600 created with ``O_EXCL|O_NOFOLLOW``, no
-symlink followed in a folder others can write to.  Names built from reasons are sanitized.  No
-pickle anywhere.
+folder is built under a hidden temporary name and renamed into place after every file is fsynced
+(:func:`obs._core.safe_files.new_folder`), so a crash (or a kill) during a dump leaves no half
+bundle.  Every folder and file goes through :mod:`obs._core.safe_files`: folders 0700, files 0600
+created with ``O_EXCL|O_NOFOLLOW``, no symlink followed in a folder others can write to.  Names
+built from reasons are sanitized.  No pickle anywhere.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -24,7 +22,7 @@ __all__ = ["SCHEMA_VERSION", "bundle_name", "write_bundle", "write_json_atomic"]
 
 SCHEMA_VERSION = 1
 Payload = str | bytes | Iterable[str]
-TMP_PREFIX = ".tmp-"  #: an interrupted dump's folder starts with this (the readers skip and report it)
+TMP_PREFIX = safe_files.TMP_FOLDER_PREFIX  #: an interrupted dump's folder (the readers skip and report it)
 
 
 def bundle_name(reason: str, pid: int, now_ns: int | None = None) -> str:
@@ -59,15 +57,8 @@ def write_bundle(rdr_dir: str, name: str, manifest: Mapping[str, Any], files: Ma
     caller may then delete what the bundle was made from (the ring).  On any error the temporary
     folder is removed and the error propagates; nothing else is touched.
     """
-    safe_files.ensure_dir(rdr_dir)
-    final = os.path.join(rdr_dir, safe_files.safe_name(name, limit=200))
-    n = 1
-    while os.path.lexists(final):
-        n += 1
-        final = os.path.join(rdr_dir, f"{safe_files.safe_name(name, limit=200)}-{n}")
-    tmp = os.path.join(rdr_dir, f"{TMP_PREFIX}{os.path.basename(final)}-{secrets.token_hex(6)}")
-    os.mkdir(tmp, safe_files.DIR_MODE)  # fails if anything is there: nothing planted is reused
-    try:
+
+    def fill(tmp: str) -> None:
         written = []
         for rel, payload in files.items():
             folder, base = os.path.split(rel)
@@ -80,26 +71,10 @@ def write_bundle(rdr_dir: str, name: str, manifest: Mapping[str, Any], files: Ma
                 rel = safe_files.safe_name(base, limit=128)
             _write(os.path.join(tmp, rel), payload, fsync=fsync)
             written.append(rel)
-        listing = sorted(set(written))
-        _write(os.path.join(tmp, "manifest.json"), json.dumps({**manifest, "files": listing}, indent=2, default=str),
-               fsync=fsync)
-        if fsync:
-            for folder in {os.path.dirname(os.path.join(tmp, rel)) for rel in listing} | {tmp}:
-                safe_files.fsync_dir(folder)
-        os.rename(tmp, final)
-    except BaseException:
-        _remove_tree(tmp)
-        raise
-    if fsync:
-        safe_files.fsync_dir(rdr_dir)
-    return final
+        _write(os.path.join(tmp, "manifest.json"),
+               json.dumps({**manifest, "files": sorted(set(written))}, indent=2, default=str), fsync=fsync)
 
-
-def _remove_tree(path: str) -> None:
-    """Remove the temporary folder this module made (only regular files and one folder level inside)."""
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
+    return safe_files.new_folder(rdr_dir, safe_files.safe_name(name, limit=200), fill, fsync=fsync)
 
 
 def write_json_atomic(path: str, data: Any) -> None:

@@ -125,8 +125,8 @@ def native_path(request, monkeypatch):
         monkeypatch.setenv(env.OBS_NATIVE if part is None else native.switch_name(part), "0")
         on = [ext.name for ext in native_extensions() if part in (None, ext.part) and ext.load() is not None]
         assert not on, f"switched off, yet loaded: {on}"
-        if part in (None, "STATS"):  # obs.features.dump.stats reads its switch once, at import
-            from obs.features.dump import stats
+        if part in (None, "STATS"):  # obs.features.dump.stats.tensor_stats reads its switch once, at import
+            from obs.features.dump.stats import tensor_stats
 
-            monkeypatch.setattr(stats, "native", None)
+            monkeypatch.setattr(tensor_stats, "native", None)
     return path

@@ -3,7 +3,7 @@
 Two kinds, built two ways for a reason:
 
 * C modules that need no torch (the recorder's hot path ``recorder._hotpath``, the statistics pass
-  ``obs.features.dump._stats``) are built by ``setup.py`` when obs is installed: :class:`Installed`.
+  ``obs.features.dump.stats._stats``) are built by ``setup.py`` when obs is installed: :class:`Installed`.
 * C++ extensions that link against libtorch (the op observer, the statistic recorder, the NaN/Inf
   check) are compiled on first use against the torch that is installed, whose C++ ABI changes from
   release to release, and kept in a cache folder keyed by the source's hash, the torch and Python
@@ -13,7 +13,7 @@ Two kinds, built two ways for a reason:
 Switch rule (same polarity everywhere): ``OBS_NATIVE=0`` asks for the Python path of every part;
 ``OBS_NATIVE_<PART>=0`` for one part (``RECORDER``, ``OPS``, ``STATS``, ``DUMP``).  Switches are
 read each time a part is asked for, but for ``STATS``: the statistics pass asks once, when
-``obs.features.dump.stats`` is first imported, as it sits on the data dump's per-tensor path.
+``obs.features.dump.stats.tensor_stats`` is first imported, as it sits on the data dump's per-tensor path.
 Every native part has a Python path that does the same work; a part that cannot load says why,
 once, in the log.
 """

@@ -16,14 +16,18 @@ import hashlib
 import os
 import re
 import secrets
+import shutil
 import stat
+from collections.abc import Callable
 
 from obs._core.errors import UnsafePathError
 
-__all__ = ["DIR_MODE", "FILE_MODE", "check_dir", "create_file", "ensure_dir", "fsync_dir", "open_append",
-           "open_private", "read_private", "safe_name", "temp_path", "write_atomic", "write_new"]
+__all__ = ["DIR_MODE", "FILE_MODE", "TMP_FOLDER_PREFIX", "check_dir", "create_file", "ensure_dir", "fsync_dir",
+           "new_folder", "open_append", "open_private", "read_private", "safe_name", "temp_path", "write_atomic",
+           "write_new"]
 
 DIR_MODE, FILE_MODE = 0o700, 0o600
+TMP_FOLDER_PREFIX = ".tmp-"  #: a folder :func:`new_folder` has not finished starts with this (readers skip it)
 PORTABLE = "A-Za-z0-9_.-"  #: the characters :func:`safe_name` keeps by default (a regex class body)
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
@@ -173,6 +177,35 @@ def write_atomic(path: str, data: bytes | str, *, fsync: bool = True, folder_rea
     except BaseException:
         _unlink_quietly(tmp)
         raise
+
+
+def new_folder(parent: str, name: str, fill: Callable[[str], None], *, fsync: bool = False) -> str:
+    """Create the folder ``parent/name`` complete or not at all, and return its path.
+
+    ``fill(tmp)`` writes the folder's files into ``tmp``: a fresh folder (0700, made by ``mkdir``, so nothing can be
+    planted in it) with a hidden, unpredictable name starting with :data:`TMP_FOLDER_PREFIX`.  Once ``fill``
+    returns it is renamed to ``name``, or to ``name-2``, ``name-3``... where that is taken: never over another
+    folder.  On any error it is removed and the error propagates.  ``fsync``: every folder in it, and ``parent``,
+    are on disk when this returns (``fill`` syncs its own files)."""
+    ensure_dir(parent)
+    tmp = os.path.join(parent, f"{TMP_FOLDER_PREFIX}{name}-{secrets.token_hex(6)}")
+    os.mkdir(tmp, DIR_MODE)  # fails if anything is there: nothing planted is reused
+    try:
+        fill(tmp)
+        if fsync:
+            for folder, _, _ in os.walk(tmp):
+                fsync_dir(folder)
+        final, n = os.path.join(parent, name), 1
+        while os.path.lexists(final):
+            n += 1
+            final = os.path.join(parent, f"{name}-{n}")
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if fsync:
+        fsync_dir(parent)
+    return final
 
 
 def open_private(path: str, *, owned: bool = True) -> int:

@@ -167,13 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-o", "--output", help="the image to write (default: FILE with the format's extension)")
     g.add_argument("--format", choices=("svg", "png", "pdf"), default="svg")
 
-    p = sub.add_parser("dump", help="data dumps (MindSpore layout) and exception/NaN captures: list, statistics, "
+    p = sub.add_parser("dump", help="data dumps (MindSpore layout) and exception/NaN fault folders: list, statistics, "
                        "diff two runs", description="Views of a data dump folder (the dump config's path, a rank "
                        "folder or an iteration folder). --json: one JSON document (ls, diff), JSON lines (stats). "
                        "Exit 1 when diff finds a divergence or a file is damaged, 2 on bad input.")
     dsub = p.add_subparsers(dest="dump_command", metavar="ACTION")
     dsub.required = True
-    d = dsub.add_parser("ls", help="iterations (tensors, size, statistic.csv) and exception/NaN captures")
+    d = dsub.add_parser("ls", help="iterations (tensors, size, statistic.csv) and exception/NaN fault folders")
     d.add_argument("path", help="the dump folder")
     d.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
     d = dsub.add_parser("stats", help="rows of statistic.csv: per op, input/output slot, the chosen statistics")

@@ -1,4 +1,4 @@
-"""``obs dump``: list a data dump and its exception/NaN captures, show statistics, diff two runs.
+"""``obs dump``: list a data dump and its exception/NaN fault folders, show statistics, diff two runs.
 
 Exit codes (docs/cli.md): ``ls`` and ``stats`` 0, or 1 when a file of the dump is damaged; ``diff`` 1
 when the runs diverge (as diff(1)) and 0 when they agree; 2 on bad input (no dump there, bad regex).
@@ -53,13 +53,13 @@ def run_ls(path: str, *, as_json: bool) -> int:
         steps.append({"rank": step.rank, "net": step.net, "graph": step.graph, "iteration": step.iteration,
                       "step": step.training_step, "tensors": len(tensors), "bytes": size,
                       "statistic_csv": "statistic.csv" in names, "path": step.path})
-    captures: list[dict[str, Any]] = [
+    faults: list[dict[str, Any]] = [
         {"kind": c.kind, "path": c.path, "step": c.meta.get("step"), "iteration": c.iteration, "op": c.meta.get("op"),
          "scope": c.meta.get("scope"), "phase": c.meta.get("phase"),
          "exception": (c.meta.get("exception") or {}).get("message") or c.meta.get("message")}
-        for c in reader.captures()]
-    if as_json:
-        print_json({"path": reader.path, "steps": steps, "captures": captures})
+        for c in reader.fault_folders()]
+    if as_json:  # "captures": the list's former name, kept for scripts that read it
+        print_json({"path": reader.path, "steps": steps, "fault_folders": faults, "captures": faults})
         return EXIT_OK
     out = console()
     if steps:
@@ -73,13 +73,13 @@ def run_ls(path: str, *, as_json: bool) -> int:
                           _fmt(s["step"]) if s["step"] is not None else "?", str(s["tensors"]),
                           f"{s['bytes'] / 1e6:.2f}", "yes" if s["statistic_csv"] else "no")
         out.print(table)
-    if captures:
-        # a capture beside a data dump of its rank also names the data dump's iteration of its step
-        numbered = any(c["iteration"] is not None for c in captures)
-        table = Table(title="exception and NaN/Inf captures", title_justify="left")
+    if faults:
+        # a fault folder beside a data dump of its rank also names the data dump's iteration of its step
+        numbered = any(c["iteration"] is not None for c in faults)
+        table = Table(title="exception and NaN/Inf fault folders", title_justify="left")
         for column in ("kind", "step", *(("iteration",) if numbered else ()), "op", "scope", "what", "folder"):
             table.add_column(column, overflow="fold" if column == "folder" else "ellipsis")
-        for c in captures:
+        for c in faults:
             iteration = (_fmt(c["iteration"]) if c["iteration"] is not None else "",) if numbered else ()
             table.add_row(c["kind"], _fmt(c["step"]), *iteration, markup_text(str(c["op"])),
                           markup_text(str(c["scope"] or "")), markup_text(str(c["exception"] or ""), newlines=False),
@@ -149,25 +149,12 @@ def run_stats(path: str, *, op: str | None, iteration: int | None, io: str | Non
 
 
 # -- diff ----------------------------------------------------------------------------------------
-def _num(value: float | None, digits: int = 3) -> str:
-    return "" if value is None else f"{value:.{digits}g}"
-
-
-def _metrics_text(op: Any) -> str:
-    from obs.features.dump.diff_report import cosine_text
-
-    parts = [f"{label} {cosine_text(op.cosine) if key == 'cosine' else _num(getattr(op, key))}" for key, label in
-             (("max_abs", "max abs"), ("max_rel", "max rel"), ("cosine", "cosine"), ("mean_rel", "mean rel"),
-              ("l2_rel", "l2 rel")) if getattr(op, key) is not None]
-    return ", ".join(parts) + f" (from {op.source}" + (": no cosine" if op.cosine is None else "") + ")"
-
-
 def _op_table(title: str, ops: list[Any]) -> Table:
-    from obs.features.dump.diff_report import cosine_text
+    from obs.features.dump.diff.metrics import METRIC_LABELS
+    from obs.features.dump.diff.render import metric_text
 
     table = Table(title=title, title_justify="left")
-    for column in ("iter", "#", "status", "op", "updates", "from", "max abs", "max rel", "cosine", "mean rel",
-                   "l2 rel"):
+    for column in ("iter", "#", "status", "op", "updates", "from", *METRIC_LABELS.values()):
         table.add_column(column, justify="left" if column in ("status", "op", "updates", "from") else "right",
                          overflow="fold" if column == "op" else "ellipsis")
     for op in ops:
@@ -177,12 +164,14 @@ def _op_table(title: str, ops: list[Any]) -> Table:
         style = {"producer": "bold red", "carried": "yellow"}.get(op.status, "")
         updates = op.parameter if op.parameter and op.op_type != "Parameter" else ""
         table.add_row(str(op.iteration), str(op.index), f"[{style}]{op.status}[/]" if style else op.status,
-                      markup_text(name), markup_text(updates), op.source or "", _num(op.max_abs),
-                      _num(op.max_rel), cosine_text(op.cosine), _num(op.mean_rel), _num(op.l2_rel))
+                      markup_text(name), markup_text(updates), op.source or "",
+                      *(metric_text(op, key) for key in METRIC_LABELS))
     return table
 
 
 def _producer_table(op: Any) -> Table:
+    from obs.features.dump.diff.render import metrics_text, number_text
+
     table = Table(show_header=False, box=None)
     table.add_row("op", markup_text(op.name_a or ""))
     if op.renamed:
@@ -197,8 +186,8 @@ def _producer_table(op: Any) -> Table:
     else:
         worst = max((t.metrics.max_rel or 0.0) for t in inputs)
         table.add_row("inputs", "agree exactly" if worst == 0 else
-                      f"agree within the tolerance (max rel {_num(worst)}: a difference below it, grown here)")
-    table.add_row("outputs", _metrics_text(op))
+                      f"agree within the tolerance (max rel {number_text(worst)}: a difference below it, grown here)")
+    table.add_row("outputs", metrics_text(op))
     for t in op.tensors:
         if not t.metrics.within:
             table.add_row(f"{t.io} {t.slot}", markup_text(f"differs in {t.metrics.what}: A {_fmt(t.metrics.a)}, "
@@ -210,8 +199,8 @@ def run_diff(a: str, b: str, *, rtol: float | None, atol: float | None, toleranc
              iteration: int | None, top: int, html: str | None, as_json: bool) -> int:
     from obs._core import safe_files
     from obs.features.dump.diff import compare_dumps
-    from obs.features.dump.diff_metrics import Tolerance
-    from obs.features.dump.diff_report import render_html, report_dict
+    from obs.features.dump.diff.metrics import Tolerance
+    from obs.features.dump.diff.render import render_html, report_dict
 
     ra, rb = DumpReader(a), DumpReader(b)
     tol = Tolerance(tolerance, rtol, atol)

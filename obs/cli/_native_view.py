@@ -13,8 +13,8 @@ from obs.cli._render import console, markup_text, print_json
 __all__ = ["run_native"]
 
 #: The modules that declare obs's extensions (importing one declares its extensions).
-DECLARING = ("recorder.hotpath", "recorder.native_ops", "obs.features.dump.stats", "obs.features.dump.native_rows",
-             "obs.features.dump.native_nan")
+DECLARING = ("recorder.hotpath", "recorder.native_ops", "obs.features.dump.stats.tensor_stats",
+             "obs.features.dump.stats.native_rows", "obs.features.dump.nan.native_check")
 
 
 def run_native(*, build: bool, as_json: bool) -> int:

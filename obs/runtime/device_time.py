@@ -1,7 +1,8 @@
 """Device time: CUDA events around steps, phases, modules and collectives, resolved off the training thread.
 
-Pure Python (no torch): events come from ``factory`` (the profiler passes ``torch.cuda.Event(enable_timing=True)``,
-the tests a fake) and need ``record()`` (on the current stream), ``query()`` and ``elapsed_time(other)`` (ms).
+Pure Python (no torch): events come from ``factory`` (the profiler passes ``torch.cuda.Event(enable_timing=True,
+blocking=True)``, the tests a fake) and need ``record()`` (on the current stream), ``query()``, ``synchronize()`` and
+``elapsed_time(other)`` (ms).
 
 - On the thread that runs the span (the training thread, autograd's, a collective's caller): an event is recorded
   where the span begins and one where it ends, on the current stream; the pair joins a queue.  Nothing here waits
@@ -12,10 +13,12 @@ the tests a fake) and need ``record()`` (on the current stream), ``query()`` and
   or the end of the phase before) to its own: device work enqueued between two phases counts to the later one.
 - Events come from a bounded pool and go back once their pair is resolved.  With the pool empty a span is not
   timed, and its step counts it (``a`` of the step's record).
-- A poller thread (``obs-device-time``) takes the queue in order: a pair whose end event has completed
-  (``query()``, no wait) is measured with ``elapsed_time`` (no sync: both events are done) and handed to ``write``;
-  the first one not done stops the pass (on one stream the later ones are not done either).  It takes at most
-  ``batch`` pairs per pass, then lets the training thread have the GIL.
+- The device read-back's poller (:class:`obs.runtime.device_readback.Poller`, thread ``obs-device-time``) waits,
+  off the training thread, for each step's end event (and a late phase's, and :meth:`DeviceTimer.when_done`'s),
+  then takes the queue in order: a pair whose end event has completed (``query()``) is measured with
+  ``elapsed_time`` (no sync: both events are done) and handed to ``write``; the first one not done stops the pass
+  (on one stream the later ones are not done either).  It takes ``batch`` pairs at a time, letting the training
+  thread have the GIL in between.
 
 ``write(target, a, b, c, d)`` gets a :class:`recorder.layout.DeviceTarget`, and the fields of a DEVICE_TIME slot as
 ``recorder.ring`` describes them (``a`` may be a str, for the writer to intern).  :data:`current` is the timer in
@@ -30,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from obs._core.internal import report_internal_error
+from obs.runtime.device_readback import Poller
 from recorder.layout import DeviceTarget
 
 __all__ = ["DeviceTimer", "EventPool", "current"]
@@ -88,17 +91,19 @@ class DeviceTimer:
 
     ``capturing()`` says whether the current stream is being captured into a CUDA graph (nothing is recorded
     then).  ``flush_s``: a step's own record waits this long after its end for a phase that ends after the step
-    (the optimizer hooks end a detected step before the optimizer phase)."""
+    (the optimizer hooks end a detected step before the optimizer phase).  ``start=False``: no poller (the tests call
+    :meth:`resolve` themselves)."""
 
     def __init__(self, write: Callable[[int, Any, int, int, int], None], factory: Callable[[], Any], *,
-                 capacity: int = 4096, poll_s: float = 0.005, batch: int = 64,
-                 capturing: Callable[[], bool] | None = None, flush_s: float = 0.02, start: bool = True) -> None:
+                 capacity: int = 4096, batch: int = 64, capturing: Callable[[], bool] | None = None,
+                 flush_s: float = 0.02, start: bool = True) -> None:
         self.pool = EventPool(factory, capacity)
         self._write = write
-        self.poll_s, self.batch, self.flush_s = poll_s, batch, flush_s
+        self.batch, self.flush_s = batch, flush_s
         self._capturing = capturing or (lambda: False)
         self._queue: deque[_Item] = deque()
-        self._lock = threading.Lock()  # the step record waiting for a late phase (training thread and poller)
+        #: the step record waiting for a late phase (training thread and poller); notified when it is queued
+        self._lock = threading.Condition()
         self._pending: _Item | None = None
         self._pending_at = 0.0
         self._open = False  #: inside a step: spans are timed
@@ -109,12 +114,7 @@ class DeviceTimer:
         self._skipped = 0  # spans of this step not timed: the pool was empty
         self.skipped = 0  #: spans not timed in all, the pool being empty
         self.written = 0  #: records handed to ``write``
-        self._stop = threading.Event()
-        self._drain_until = 0.0
-        self._thread: threading.Thread | None = None
-        if start:
-            self._thread = threading.Thread(target=self._run, name="obs-device-time", daemon=True)
-            self._thread.start()
+        self.poller = Poller("device-time") if start else None
 
     # -- the training thread (and any thread running a span) -----------------------------------------------------
     def begin(self) -> Any:
@@ -190,6 +190,7 @@ class DeviceTimer:
         if self._pending is not None:  # a phase that ended after its step (detected steps: the optimizer)
             with self._lock:
                 self._flush()
+            self._resolve_after(event)
 
     def step_ends(self, step: int) -> None:
         """Record the step's end event; its record is queued at the next call (or ``flush_s`` later, by the poller)."""
@@ -205,6 +206,7 @@ class DeviceTimer:
         with self._lock:
             self._flush()
             self._pending, self._pending_at = item, time.monotonic()
+        self._resolve_after(end)
 
     def when_done(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (on the poller's thread) once the device has run what the current stream holds now."""
@@ -214,12 +216,19 @@ class DeviceTimer:
             event = self.pool._factory()
         event.record()
         self._queue.append(_Item(0, 0, 0, None, None, event, (event,) if pooled else (), callback))
+        self._resolve_after(event)
 
     def _flush(self) -> None:
         """Queue the step record waiting for a late phase (hold ``_lock``)."""
         item, self._pending = self._pending, None
         if item is not None:
             self._queue.append(item)
+            self._lock.notify_all()
+
+    def _resolve_after(self, event: Any) -> None:
+        """Have the poller resolve the queue once the device has run ``event`` (None: what is done now)."""
+        if self.poller is not None:
+            self.poller.submit(() if event is None else (event,), self._settle)
 
     # -- the poller thread -------------------------------------------------------------------------------------------
     def resolve(self, limit: int | None = None) -> int:
@@ -245,28 +254,18 @@ class DeviceTimer:
                 item.then()
         return done
 
-    def _stale(self) -> None:
-        if self._pending is not None and time.monotonic() - self._pending_at >= self.flush_s:
-            with self._lock:
-                self._flush()
-
-    def _pass(self) -> int:
-        try:
-            self._stale()
-            return self.resolve(self.batch)
-        except Exception as exc:  # noqa: BLE001 - reported; the poller goes on with the next pass
-            report_internal_error("device time poller", exc)
-            return 0
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if self._pass() < self.batch:
-                self._stop.wait(self.poll_s)
-            else:
-                time.sleep(0)  # a full batch: the training thread gets the GIL before the next one
-        while self._queue and time.monotonic() < self._drain_until:
-            if not self._pass():
-                time.sleep(self.poll_s)
+    def _settle(self) -> None:
+        """A poller job, once the device has run what it waited for: the step record waiting for a late phase is
+        queued (at once where one came, else ``flush_s`` after the step's end), then every pair done is written."""
+        with self._lock:
+            item = self._pending
+            if item is not None:
+                left = self._pending_at + self.flush_s - time.monotonic()
+                self._lock.wait_for(lambda: self._pending is not item, left)
+                if self._pending is item:
+                    self._flush()
+        while self.resolve(self.batch) == self.batch:
+            time.sleep(0)  # a full batch: the training thread gets the GIL before the next one
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
     @property
@@ -275,8 +274,8 @@ class DeviceTimer:
         return len(self._queue) + (self._pending is not None)
 
     def close(self, wait_s: float = 1.0) -> None:
-        """Stop timing; the poller resolves what completes within ``wait_s`` (never waiting on the device), then
-        ends.  What is still queued then is dropped."""
+        """Stop timing; the poller writes what the device completes within ``wait_s``, then ends.  What is still
+        queued then is dropped."""
         if self._open:
             self.step_ends(self._step)
         with self._lock:
@@ -286,17 +285,17 @@ class DeviceTimer:
         if held:
             self._queue.append(_Item(0, 0, 0, None, None, None, held))
         self._ref = self._mark = self._prev = None
-        self._drain_until = time.monotonic() + wait_s
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(wait_s + 1.0)
+        if self.poller is not None:
+            self._resolve_after(None)  # after every job before it: the events held above go back
+            self.poller.close(wait_s)
         self._queue.clear()
 
     def abandon(self) -> None:
-        """In a forked child: forget the parent's events and queue (touching no device), no thread to stop."""
+        """In a forked child: forget the parent's events, queue and poller (touching no device)."""
         self._open = False
-        self._thread = None
+        if self.poller is not None:
+            self.poller.abandon()
+        self._lock = threading.Condition()
         self._queue.clear()
         self._pending = self._ref = self._mark = self._prev = None
 

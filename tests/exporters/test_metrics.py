@@ -123,6 +123,37 @@ def test_scalar_writer_refuses_bad_names_and_values(ring):
         write("loss", torch.ones(1, 2))
 
 
+def test_a_cuda_scalar_is_written_off_the_training_thread_once_its_copy_is_done(ring, monkeypatch):
+    """No GPU here: the copy and its event are stand-ins; the writer's poller waits on the event, not the caller."""
+    from obs.features.profiler import scalars as scalars_module
+
+    writer, follower = ring
+    done, threads = threading.Event(), []
+
+    class Copied:
+        def synchronize(self):
+            done.wait(5)
+            threads.append(threading.get_ident())
+
+    cuda = SimpleNamespace(device=SimpleNamespace(type="cuda"), is_cuda=True, numel=lambda: 1,
+                           detach=lambda: SimpleNamespace(reshape=lambda shape: torch.tensor(0.75)))
+    monkeypatch.setattr(scalars_module, "pinned_copy", lambda value: value)
+    monkeypatch.setattr(scalars_module, "marker", lambda device: Copied())
+    write = ScalarWriter(writer)
+    tracker.step = 2
+    try:
+        write("loss", cuda)
+        tracker.step = 3  # the training thread goes on; the value stays step 2's
+        assert write.pending == 1
+        done.set()
+        assert write.flush(timeout=5) and write.pending == 0
+    finally:
+        write.close()
+    (slot,) = [s for s in follower.poll(final=True) if s["kind"] == Kind.SCALAR]
+    assert slot["b"] == 2 and np.int64(slot["d"]).view(np.float64) == 0.75
+    assert threads and threads[0] != threading.get_ident()
+
+
 def test_metrics_url_and_job_id():
     assert metrics_url("http://c:4318", "http/protobuf") == "http://c:4318/v1/metrics"
     assert metrics_url("http://c:4318/v1/traces", "http/protobuf") == "http://c:4318/v1/metrics"

@@ -4,7 +4,7 @@ The steps run under ``torch.cuda.set_sync_debug_mode("error")``: any ``.item()``
 ``nonzero`` or stream/device synchronisation made during them raises.  What the features read back is read after
 the step, by their poller thread, from pinned memory once an event says the copy is done; the tests then wait for
 it (``flush``, ``reset_context``) outside the checked region.  Skipped without CUDA (tests/gpu/conftest.py); their
-CPU counterparts are tests/obs/features/dump/test_device_flags.py and test_device_stats.py.
+CPU counterparts are tests/obs/features/dump/nan/test_device_flags.py and test_device_stats.py.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 
 import obs
 from obs.features.dump.feature import feature
-from obs.features.dump.nan_check import NonFiniteError
-from tests.obs.features.dump.test_nan_check import GradToNan
+from obs.features.dump.nan.check import NonFiniteError
+from tests.obs.features.dump.nan.test_check import GradToNan
 
 CUDA = torch.device("cuda", 0)
 

@@ -90,7 +90,7 @@ import json, resource, sys, time
 mode, a, b = sys.argv[1], sys.argv[2], sys.argv[3]
 from obs.features.dump import DumpReader
 from obs.features.dump.diff import compare_dumps
-from obs.features.dump.diff_report import report_dict
+from obs.features.dump.diff.render import report_dict
 import obs.cli
 wall, cpu = time.perf_counter(), time.process_time()
 out = {}
@@ -113,7 +113,7 @@ ALIGN = r'''
 # compiled module's scope (no op pairs by scope), the compiled side without the eager side's views, sums and detaches
 # and with detaches and copies of its own; keys as obs.features.dump.diff makes them, each op a value of its own.
 import json, resource, sys, time
-from obs.features.dump.diff_align import align
+from obs.features.dump.diff.align import align
 
 layers = int(sys.argv[1])
 forward = ["LayerNorm", "Addmm", "View", "Split", "Bmm", "Softmax", "Bmm", "View", "Addmm", "Add", "LayerNorm",

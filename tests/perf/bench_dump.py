@@ -13,7 +13,7 @@ what the step itself costs, without the time other tenants of a shared machine t
 is the median over processes of each process's median step times' ratio; "paired" the median over processes of
 the median over rounds of (variant / its baseline in the same round), which cancels the machine's drift between
 rounds.  The MLP is shown too (many small ops: the worst case).  The NaN check also runs on its Python path
-(``OBS_NATIVE_DUMP=0``), the measure of what its C++ hooks (``obs/features/dump/_fast_nan.cpp``) save.
+(``OBS_NATIVE_DUMP=0``), the measure of what its C++ hooks (``obs/features/dump/nan/_fast_nan.cpp``) save.
 """
 
 from __future__ import annotations

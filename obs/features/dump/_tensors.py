@@ -17,12 +17,21 @@ import torch
 from obs._core.internal import suppressed
 from printsink.dtypes import NAME_OF_TORCH
 
-__all__ = ["UNINITIALISED_OPS", "describe", "host_array", "keep_scopes", "ms_dtype", "tensors_in"]
+__all__ = ["UNINITIALISED_OPS", "describe", "host_array", "keep_scopes", "ms_dtype", "read_after_the_step",
+           "tensors_in"]
 
 #: aten ops (name prefixes) whose outputs are uninitialised memory (any bits, NaN included) until something writes them
 UNINITIALISED_OPS = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "resize")
 
 _WIDEN = {torch.bfloat16: torch.float32}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses (fake, functional, DTensor) may have no memory to copy
+
+
+def read_after_the_step(tensor: torch.Tensor, cpu: bool = False) -> bool:
+    """Whether a dump reads ``tensor``'s values after the step, through :mod:`obs.runtime.device_readback`, rather than
+    as it is made: a plain strided CUDA tensor (a CPU one too where ``cpu``: the tests drive that path without a
+    GPU)."""
+    return (tensor.is_cuda or (cpu and tensor.is_cpu)) and type(tensor) in _PLAIN and tensor.layout is torch.strided
 
 
 def ms_dtype(tensor: torch.Tensor) -> str:

@@ -16,7 +16,7 @@ returns (later in-place writes cannot change them); a tensor the op itself write
 its input as it was before the op (the op interceptor copies it in dumped steps) and statistic.csv is written at the step's end.
 On CUDA nothing waits for the device: statistics are reduced
 on it and read with the step's others after the step, and tensors are copied into pinned memory, their files
-written off the training thread (:mod:`obs.features.dump.device_stats`, :mod:`obs.features.dump.pinned_files`);
+written off the training thread (:mod:`obs.features.dump.stats.device_stats`, :mod:`obs.features.dump.pinned_files`);
 :meth:`DataDump.flush` waits for them.  Steps outside ``iteration`` cost one flag test per op.  Slots follow argument positions: a
 non-tensor argument leaves a gap, as in the original.  The outputs of ops that return uninitialised
 memory (``empty_like``: garbage that differs from run to run) are not dumped; the op that fills such a
@@ -24,8 +24,8 @@ tensor dumps it.  With ``dump_mode`` 0 and outputs dumped,
 the root module's parameters are written as the original's ``Parameter.{name}...output.0...``
 files (and rows) when it is first called in a dumped step, before this step updates them.
 
-A statistics-only dump consumes ops in C++ where ``obs/features/dump/_fast_rows.cpp`` is built
-(:mod:`obs.features.dump.native_rows`): its ``on_op`` is :meth:`DataDump._on_op` without a Python frame per op,
+A statistics-only dump consumes ops in C++ where ``obs/features/dump/stats/_fast_rows.cpp`` is built
+(:mod:`obs.features.dump.stats.native_rows`): its ``on_op`` is :meth:`DataDump._on_op` without a Python frame per op,
 and calls back here only for what is done once per op type or full name (:meth:`DataDump._new_kind`,
 :meth:`DataDump._name_entry`) and for backward ops' modules.  Both write the same files.
 """  # noqa: E501 - the layout above names each file whole
@@ -51,11 +51,12 @@ from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs._core.rank_folders import rank_folder
 from obs.features.compiled_notice import INDUCTOR, CompiledNotice
 from obs.features.dump._autograd_scopes import ModuleSpans
-from obs.features.dump._layout import escape_name, inside, npy_bytes, op_type
-from obs.features.dump._rows import Op, StatisticRows, each_tensor
+from obs.features.dump._file_names import escape_name, inside, op_type
+from obs.features.dump._npy import npy_bytes
 from obs.features.dump._tensors import UNINITIALISED_OPS, host_array, ms_dtype
-from obs.features.dump.graph_rows import GraphRow, columns_for, filled, graph_rows
 from obs.features.dump.pinned_files import PinnedFiles
+from obs.features.dump.stats.graph_rows import GraphRow, columns_for, filled, graph_rows
+from obs.features.dump.stats.statistic_csv import Op, StatisticRows, each_tensor
 from obs.runtime.steps import tracker
 from obs.runtime.torch import _ops
 from obs.settings.dump_config import DumpConfig

@@ -36,7 +36,7 @@ from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.features.compiled_notice import CompiledNotice
 from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._tensors import tensors_in
-from obs.features.dump.capture import outputs_in, python_stack, write_capture
+from obs.features.dump.fault_folder import outputs_in, python_stack, write_fault_folder
 from obs.runtime.steps import tracker
 from obs.runtime.torch._autograd_calls import AutogradCall
 from obs.settings.parallel import rank
@@ -58,7 +58,7 @@ def dump_of(error: BaseException) -> str | None:
 
 
 class ExceptionDump:
-    """Writes one capture per failing exception under ``{root}/rank_{r}/exception_dump/``."""
+    """Writes one fault folder per failing exception under ``{root}/rank_{r}/exception_dump/``."""
 
     def __init__(self, mode: str, root: str) -> None:
         if mode not in MODES:
@@ -161,8 +161,8 @@ class ExceptionDump:
         meta["python_stack"] = python_stack(error, frame)
         with self._lock, suppressed():
             try:
-                path = write_capture(self.root, meta["rank"], "exception_dump", folder, meta, groups,
-                                     "exception dump")
+                path = write_fault_folder(self.root, meta["rank"], "exception_dump", folder, meta, groups,
+                                          "exception dump")
             except Exception as exc:  # noqa: BLE001 - reported; the user's own error still propagates
                 report_internal_error("exception_dump write", exc)
                 return

@@ -151,7 +151,7 @@ class DumpFeature:
                 self.nan.remove()
                 self.nan = None
             if want.nan is not None:
-                from obs.features.dump.nan_check import NanCheck
+                from obs.features.dump.nan.check import NanCheck
 
                 action, granularity, backward, root, limit, sync = want.nan
                 self.nan = NanCheck(root, action=action, granularity=granularity, backward=backward,

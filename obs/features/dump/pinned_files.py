@@ -16,16 +16,14 @@ import torch
 
 from obs._core import safe_files
 from obs._core.internal import suppressed
-from obs.features.dump._layout import npy_bytes
-from obs.features.dump._tensors import host_array
-from obs.features.dump.device_batch import marker, pinned_copy
-from obs.features.dump.device_poller import Poller
+from obs.features.dump._npy import npy_bytes
+from obs.features.dump._tensors import host_array, read_after_the_step
+from obs.runtime.device_readback import Poller, marker, pinned_copy
 
 __all__ = ["BATCH_BYTES", "MAX_IN_FLIGHT", "PinnedFiles"]
 
 BATCH_BYTES = 256 << 20  #: copied bytes handed to the poller without waiting for the step's end
 MAX_IN_FLIGHT = 4 << 30  #: pinned bytes not written yet beyond which the training thread waits
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 class PinnedFiles:
@@ -42,8 +40,7 @@ class PinnedFiles:
 
     def takes(self, tensor: torch.Tensor) -> bool:
         """Whether :meth:`add` takes ``tensor`` (a plain strided CUDA tensor)."""
-        return (tensor.is_cuda or (self._cpu and tensor.is_cpu)) and type(tensor) in _PLAIN and \
-            tensor.layout is torch.strided
+        return read_after_the_step(tensor, self._cpu)
 
     def add(self, path: str, tensor: torch.Tensor) -> None:
         """Write ``tensor``'s values as they are now to ``path`` (a new file in a folder that exists), later."""

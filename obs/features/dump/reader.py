@@ -9,7 +9,7 @@ Two numberings meet here: a data dump numbers its steps by *iteration* (its fold
 ``initial_iteration``, 0 by default), while obs's other records (the RDR, Print, the NaN check, the
 exception dump, the profiler) number them from 1 (``obs.runtime.steps``).  The data dump writes
 iteration ``initial_iteration + step - 1`` (:mod:`obs.features.dump.data_dump`): :attr:`Step.training_step`
-and :attr:`Capture.iteration` give the other number, from the ``initial_iteration`` of the rank's
+and :attr:`FaultFolder.iteration` give the other number, from the ``initial_iteration`` of the rank's
 ``.dump_metadata/data_dump.json``.
 
 Errors: a folder with no dump in it is :class:`NotOurFileError`; a damaged ``statistic.csv`` or
@@ -32,11 +32,11 @@ import numpy as np
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
 from obs._core.json_files import read_json
-from obs.features.dump.statistic_csv import FIXED_COLUMNS
+from obs.features.dump.stats.columns import FIXED_COLUMNS
 from obs.settings.dump_config import CATEGORY_COLUMNS
 
-__all__ = ["Capture", "DumpReader", "StatRow", "Step", "TensorFile", "TensorKey", "initial_iteration", "load_npy",
-           "parse_tensor_name", "read_statistic_csv", "read_statistic_fields"]
+__all__ = ["Capture", "DumpReader", "FaultFolder", "StatRow", "Step", "TensorFile", "TensorKey", "initial_iteration",
+           "load_npy", "parse_tensor_name", "read_statistic_csv", "read_statistic_fields"]
 
 _MAX_CSV = 1 << 30  # a statistic.csv larger than this is not one of ours
 _COLUMN_KEYS = {column: key for key, column in reversed(CATEGORY_COLUMNS.items())}
@@ -128,10 +128,10 @@ class StatRow(TensorKey):
 
 
 @dataclass(frozen=True)
-class Capture:
+class FaultFolder:
     """One exception_dump / nan_check folder and its ``meta.json``.
 
-    ``rank``: of its ``rank_<r>`` folder.  ``iteration``: the data dump's number of the capture's step (its
+    ``rank``: of its ``rank_<r>`` folder.  ``iteration``: the data dump's number of the folder's step (its
     ``meta["step"]``, counted from 1), where the same rank folder holds a data dump (``initial_iteration + step -
     1``); None elsewhere.
     """
@@ -142,6 +142,8 @@ class Capture:
     rank: int = 0
     iteration: int | None = None
 
+
+Capture = FaultFolder  #: the name :class:`FaultFolder` had before, kept
 
 _NAME = re.compile(r"([^.]+)\.([^.]+)\.(\d+)\.(\d+)\.(\d+)\.(input|output)\.(\d+)\.([^.]+)\.([^.]+)\.npy")
 
@@ -259,7 +261,7 @@ def _int_dirs(path: str) -> list[tuple[int, str]]:
 
 
 class DumpReader:
-    """Iterates a dump: :meth:`steps`, :meth:`tensors`, :meth:`statistics`, :meth:`select`, :meth:`captures`."""
+    """Iterates a dump: :meth:`steps`, :meth:`tensors`, :meth:`statistics`, :meth:`select`, :meth:`fault_folders`."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
@@ -267,8 +269,8 @@ class DumpReader:
             raise FileNotFoundError(f"{path}: no such folder")
         self._initial: dict[str, int | None] = {}  # rank folder → its data dump's initial_iteration
         self._steps = self._find_steps()
-        self._captures = self._find_captures()
-        if not self._steps and not self._captures:
+        self._faults = self._find_fault_folders()
+        if not self._steps and not self._faults:
             raise NotOurFileError(f"{path}: no data dump here (no rank_*/NET/GRAPH/ITERATION folders, "
                                   "no exception_dump or nan_check folders)", path=path)
 
@@ -308,7 +310,7 @@ class DumpReader:
                         steps.append(self._step(rank, rank_dir, net, graph, iteration, step_dir))
         return steps
 
-    def _find_captures(self) -> list[Capture]:
+    def _find_fault_folders(self) -> list[FaultFolder]:
         out = []
         for rank, rank_dir in self._rank_dirs():
             # the data dump's numbering, where one of this rank is listed too
@@ -327,7 +329,7 @@ class DumpReader:
                         meta = {"unreadable": True}
                     step = meta.get("step")
                     iteration = first + step - 1 if first is not None and type(step) is int and step > 0 else None
-                    out.append(Capture(kind, os.path.join(folder, name), meta, rank, iteration))
+                    out.append(FaultFolder(kind, os.path.join(folder, name), meta, rank, iteration))
         return out
 
     # -- listing ------------------------------------------------------------------------------
@@ -337,9 +339,11 @@ class DumpReader:
     def iterations(self) -> list[int]:
         return sorted({s.iteration for s in self._steps})
 
-    def captures(self) -> list[Capture]:
+    def fault_folders(self) -> list[FaultFolder]:
         """exception_dump and nan_check folders, oldest first per kind."""
-        return list(self._captures)
+        return list(self._faults)
+
+    captures = fault_folders  #: the name :meth:`fault_folders` had before, kept
 
     def _steps_of(self, step: Step | int | None) -> list[Step]:
         """The steps ``step`` names: itself (a :class:`Step`), every folder of that iteration (all ranks and nets),

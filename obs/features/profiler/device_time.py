@@ -49,7 +49,9 @@ def cuda_events() -> tuple[Callable[[], Any], Callable[[], bool], Any]:
     replace with fakes."""
     import torch
 
-    return functools.partial(torch.cuda.Event, enable_timing=True), torch.cuda.is_current_stream_capturing, None
+    # blocking: the poller that waits on them sleeps instead of spinning (obs.runtime.device_readback)
+    return functools.partial(torch.cuda.Event, enable_timing=True, blocking=True), \
+        torch.cuda.is_current_stream_capturing, None
 
 
 def cuda_in_use() -> bool:

@@ -161,8 +161,6 @@ class ProfileSession:
             timer = dev.timer
             if timer is not None:
                 timer.step_ends(number)
-            if writer is not None and writer.pending:
-                writer.drain()  # device copies of obs.scalar values that are done by now
 
         def on_phase(name: str, begin_ns: int, end_ns: int) -> None:
             # Written inline (not through an appender) for its seq: the phase's device time is keyed by it.
@@ -351,6 +349,8 @@ class ProfileSession:
             self._requests.detach()
             self._requests = None
         self.device.detach()
+        if self.scalars is not None:
+            self.scalars.abandon()
         self._unsubscribe()
         self.ring.abandon()
         process, self._process = self._process, None
@@ -367,8 +367,8 @@ class ProfileSession:
         self._stop_requests()
         self._unsubscribe(_DEVICE_DRAIN_S)  # whatever wait_s: a session replaced mid-run keeps its last device times
         if not self.ring.closed:
-            if self.scalars is not None and self.scalars.pending:
-                self.scalars.drain(wait=True)  # the last device copies of obs.scalar values
+            if self.scalars is not None:
+                self.scalars.close()  # the last device copies of obs.scalar values are written first
             self.ring.close(remove=False)  # the exporter reads the file to the end, then removes it
         deadline = time.monotonic() + wait_s
         if self._process is not None:

@@ -5,20 +5,20 @@ interned once, the step, the value as a float64): the exporter process turns it 
 ``obs.scalar`` with the attribute ``name``.  Otherwise a call returns at once.
 
 No host sync: a Python number or a CPU tensor is read where it is (``.item()`` of a CPU tensor waits
-for nothing).  A CUDA tensor is copied, ``non_blocking``, into a pinned host buffer on its device's
-current stream, and an event recorded after the copy; the slot is written once the event has completed,
-checked at each step end (and when many are waiting), so the training thread never waits for the
-device.  What is still in flight when the session closes is waited for then.  Any other device's tensor
-is read with ``.item()``.  Light: torch is imported only for a CUDA tensor.
+for nothing).  A CUDA tensor is copied, ``non_blocking``, into pinned host memory and its slot is written
+by a poller's thread (``obs-scalars``) once the copy is done (:mod:`obs.runtime.device_readback`), so the
+training thread never waits for the device.  What is still in flight when the session closes is waited
+for then.  Any other device's tensor is read with ``.item()``.  Light: torch is imported only for a
+CUDA tensor.
 """
 
 from __future__ import annotations
 
 import sys
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from obs.runtime.device_readback import Poller, marker, pinned_copy
 from obs.runtime.steps import tracker
 from recorder.layout import SCALAR_SLOT, Kind
 
@@ -26,9 +26,6 @@ if TYPE_CHECKING:
     from recorder.ring import RingWriter
 
 __all__ = ["ScalarWriter", "attach", "detach", "scalar"]
-
-#: device copies waiting for their event before this many: the oldest are checked at the next call
-_MAX_PENDING = 256
 
 _write: Callable[[str, Any], None] | None = None  # the write of the ScalarWriter in force; None: metrics off
 _writer: ScalarWriter | None = None
@@ -52,12 +49,12 @@ def scalar(name: str, value: Any) -> None:
 
 
 class ScalarWriter:
-    """Writes SCALAR slots into the ``step`` ring of a profile ring; holds the device copies still in flight.
+    """Writes SCALAR slots into the ``step`` ring of a profile ring; its poller writes those of device copies.
 
     Calling it records one value; the hot path (a number, a CPU tensor) is a closure built here, with
     every name it needs bound to a local: each attribute lookup is paid per call."""
 
-    __slots__ = ("write", "_slot", "_ids", "_pending", "_tensor", "ring")
+    __slots__ = ("write", "_slot", "_ids", "_poller", "_tensor", "ring")
 
     def __init__(self, ring: RingWriter) -> None:
         self.ring = ring
@@ -65,7 +62,7 @@ class ScalarWriter:
         kind, pack, steps = int(Kind.SCALAR), SCALAR_SLOT.pack_into, tracker
         ids, me = ring.ids, self
         self._ids = ids
-        self._pending: deque[tuple[int, int, Any, Any]] = deque()  # (name id, step, pinned buffer, event)
+        self._poller = Poller("scalars")  # its thread starts with the first CUDA tensor
         self._tensor: type = _Unknown  # torch.Tensor once a tensor was seen (torch is not imported for nothing)
 
         def slot(sid: int, step: int, value: float) -> None:
@@ -123,32 +120,27 @@ class ScalarWriter:
             self._slot(sid, tracker.step, float(value.item()))
 
     def _copy(self, sid: int, value: Any) -> None:
-        """CUDA (untested here: no GPU in CI): a non-blocking copy into pinned memory, read when its event is done."""
-        import torch
+        """A CUDA tensor: copied into pinned memory without blocking, its slot written by the poller's thread once the
+        copy is done."""
+        host, step = pinned_copy(value.detach().reshape(())), tracker.step
+        self._poller.submit((marker(value.device),), lambda: self._slot(sid, step, float(host.item())))
 
-        if len(self._pending) >= _MAX_PENDING:
-            self.drain()
-        buffer = torch.empty((), dtype=value.dtype, pin_memory=True)
-        buffer.copy_(value.detach().reshape(()), non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(value.device))
-        self._pending.append((sid, tracker.step, buffer, event))
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the slots of every device copy so far are written (False when ``timeout`` passed first)."""
+        return self._poller.drain(timeout)
 
-    def drain(self, *, wait: bool = False) -> None:
-        """Write the slots of the device copies that are done (``wait``: of all of them, waiting for each)."""
-        pending = self._pending
-        while pending:
-            sid, step, buffer, event = pending[0]
-            if wait:
-                event.synchronize()
-            elif not event.query():
-                return  # in stream order: the later ones are not done either
-            pending.popleft()
-            self._slot(sid, step, float(buffer.item()))
+    def close(self) -> None:
+        """Write the slots of the device copies still in flight (waiting for them), then stop the poller's thread."""
+        self._poller.close()
+
+    def abandon(self) -> None:
+        """In a forked child: forget the parent's copies in flight, touching no device."""
+        self._poller.abandon()
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        """Device copies whose slots are not written yet."""
+        return self._poller.pending
 
 
 def attach(writer: ScalarWriter) -> None:

@@ -49,3 +49,22 @@ def test_open_append_takes_a_regular_file_and_refuses_a_symlink_or_a_folder(tmp_
     with pytest.raises(FileExistsError):
         safe_files.write_new(str(target), b"again")
     assert target.read_bytes() == b"a\nb\n"
+
+
+def test_a_new_folder_is_complete_or_absent_and_never_replaces_another(tmp_path):
+    def fill(tmp):
+        assert os.path.basename(tmp).startswith(safe_files.TMP_FOLDER_PREFIX)
+        safe_files.write_new(os.path.join(tmp, "meta.json"), b"{}")
+
+    first = safe_files.new_folder(str(tmp_path / "rank_0"), "b", fill, fsync=True)
+    second = safe_files.new_folder(str(tmp_path / "rank_0"), "b", fill)
+    assert (first, second) == (str(tmp_path / "rank_0" / "b"), first + "-2")
+    assert os.listdir(second) == ["meta.json"] and oct(os.stat(second).st_mode & 0o777) == "0o700"
+
+    def broken(tmp):
+        safe_files.write_new(os.path.join(tmp, "half"), b"")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        safe_files.new_folder(str(tmp_path / "rank_0"), "b", broken)
+    assert sorted(os.listdir(tmp_path / "rank_0")) == ["b", "b-2"]  # no half folder left

@@ -34,6 +34,9 @@ class HostEvent:
         HostEvent.asked.add(threading.get_ident())
         return True
 
+    def synchronize(self) -> None:
+        HostEvent.asked.add(threading.get_ident())
+
     def elapsed_time(self, other: HostEvent) -> float:
         HostEvent.asked.add(threading.get_ident())
         return (other.t - self.t) / 1e6

@@ -21,10 +21,13 @@ class FakeStream:
         self.recorded = 0
         self.done = 0
         self.asked: set[int] = set()
+        self.ran = threading.Condition()
 
     def run(self) -> None:
         """The device catches up with everything recorded."""
-        self.done = self.recorded
+        with self.ran:
+            self.done = self.recorded
+            self.ran.notify_all()
 
 
 class FakeEvent:
@@ -38,6 +41,11 @@ class FakeEvent:
     def query(self) -> bool:
         self.stream.asked.add(threading.get_ident())
         return 0 < self.number <= self.stream.done
+
+    def synchronize(self) -> None:
+        self.stream.asked.add(threading.get_ident())
+        with self.stream.ran:
+            self.stream.ran.wait_for(lambda: 0 < self.number <= self.stream.done)
 
     def elapsed_time(self, other: FakeEvent) -> float:
         self.stream.asked.add(threading.get_ident())
@@ -91,7 +99,7 @@ def test_a_step_its_phases_and_a_module_are_written_relative_to_the_step_referen
 
 def test_the_chain_from_one_step_reference_to_the_next_and_every_event_back_in_the_pool():
     stream, records = FakeStream(), []
-    t = DeviceTimer(lambda *r: records.append(r), lambda: FakeEvent(stream), poll_s=0.001)
+    t = DeviceTimer(lambda *r: records.append(r), lambda: FakeEvent(stream))
     try:
         for step in (1, 2, 3):
             t.step_begins(step)
@@ -155,7 +163,7 @@ def test_a_phase_that_ends_after_its_step_is_written_before_the_step():
 
 def test_a_step_record_waiting_for_a_late_phase_goes_after_flush_s_without_one():
     stream, records = FakeStream(), []
-    t = DeviceTimer(lambda *r: records.append(r), lambda: FakeEvent(stream), poll_s=0.001, flush_s=0.01)
+    t = DeviceTimer(lambda *r: records.append(r), lambda: FakeEvent(stream), flush_s=0.01)
     try:
         t.step_begins(1)
         t.step_ends(1)
@@ -170,7 +178,7 @@ def test_a_step_record_waiting_for_a_late_phase_goes_after_flush_s_without_one()
 
 def test_nothing_is_resolved_on_the_training_thread():
     stream, records = FakeStream(), []
-    t = DeviceTimer(lambda *r: records.append(r), lambda: FakeEvent(stream), poll_s=0.001, flush_s=0.001)
+    t = DeviceTimer(lambda *r: records.append(r), lambda: FakeEvent(stream), flush_s=0.001)
     try:
         for step in range(1, 4):
             t.step_begins(step)

@@ -23,7 +23,8 @@ import torch, obs
 feature, folder, graph_break = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 if sys.argv[4] == "1":  # the graphs' statistics and the eager gates read after the step, as on CUDA
     import functools
-    from obs.features.dump import device_flags, nan_check
+    from obs.features.dump.nan import check as nan_check
+    from obs.features.dump.nan import device_flags
     from obs.runtime.torch import _graph_taps
     os.environ["OBS_NATIVE_DUMP"] = "0"  # the C++ module check reads CPU tensors where they are made
     _graph_taps.DEFER_CPU = True
@@ -178,6 +179,6 @@ def test_statistics_read_after_the_step_give_the_same_rows_and_findings(case, fe
 
     def findings(folder):
         metas = [json.loads((d / "meta.json").read_text()) for d in sorted((folder / "rank_0" / "nan_check").iterdir())]
-        return [{k: v for k, v in m.items() if k not in ("python_stack", "capture")} for m in metas]
+        return [{k: v for k, v in m.items() if k != "python_stack"} for m in metas]
 
     assert findings(later_path) == findings(now_path) != []

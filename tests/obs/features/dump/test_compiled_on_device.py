@@ -20,14 +20,13 @@ import obs
 from obs._core.demands import demands
 from obs._core.events import Event, bus
 from obs._core.internal import suppressed
-from obs.features.dump import nan_check
-from obs.features.dump.device_batch import DeviceBatch
-from obs.features.dump.device_flags import DeviceFlags
 from obs.features.dump.feature import feature
-from obs.features.dump.nan_check import NonFiniteError
+from obs.features.dump.nan import check as nan_check
+from obs.features.dump.nan.check import NonFiniteError
+from obs.features.dump.nan.device_flags import DeviceFlags
 from obs.runtime.steps import tracker
 from obs.runtime.torch import _graph_taps
-from tests.obs.features.dump.test_device_flags import ReadBacks
+from tests.obs.features.dump.nan.test_device_flags import ReadBacks
 
 NAN, INF = float("nan"), float("inf")
 
@@ -160,17 +159,6 @@ def test_graph_stats_emits_a_copy_on_the_device_and_reads_nothing(monkeypatch):
     assert repr(rows.split(flat)) == repr([flat[0:k], flat[k:2 * k], flat[2 * k:]]) == repr(rows.read())  # NaN
 
 
-def test_a_batch_keeps_vectors_in_their_place():
-    batch = DeviceBatch()
-    assert batch.add(torch.tensor(1.5)) == 0
-    assert batch.add_vector(torch.tensor([2.0, 3.0, 4.0])) == 1
-    assert batch.add_all([torch.tensor(5, dtype=torch.int64), torch.tensor(6.0)]) == 4
-    assert batch.add_vector(torch.tensor([7.0, 8.0], dtype=torch.float64)) == 6
-    assert batch.add_vector(torch.tensor([9.0])) == 8 and len(batch) == 9
-    sent = batch.send()
-    assert sent.done() and sent.values() == [1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0] and len(batch) == 0
-
-
 # -- the data dump ----------------------------------------------------------------------------------------------------
 CATEGORIES = ["max", "min", "avg", "count", "l2norm", "nan count", "positive inf count", "negative inf count",
               "zero count", "positive zero count", "md5"]
@@ -226,7 +214,6 @@ def nan_findings(tmp_path, defer, deferred: bool, **section) -> tuple[list[dict]
     root = tmp_path / "rank_0" / "nan_check"
     found = [json.loads((d / "meta.json").read_text()) for d in sorted(root.iterdir())]
     for meta in found:
-        meta.pop("capture", None)
         meta.pop("python_stack")  # the training thread's, where the graph ran: none after the step
     return found, during[-1]
 

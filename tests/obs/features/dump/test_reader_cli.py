@@ -159,7 +159,7 @@ def test_cli_ls_stats_diff(tmp_path):
     assert result.returncode == 2
 
 
-def test_cli_ls_lists_exception_captures(tmp_path):
+def test_cli_ls_lists_exception_fault_folders(tmp_path):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps({"exception_dump": {"enable": True, "path": str(tmp_path)}}))
     obs.set_context(env_config_path=str(cfg))
@@ -167,8 +167,8 @@ def test_cli_ls_lists_exception_captures(tmp_path):
         Net()(torch.randn(2, 5))
     result = obs_cli("dump", "ls", str(tmp_path), "--json")
     assert result.returncode == 0, result.stderr
-    [capture] = json.loads(result.stdout)["captures"]
-    assert capture["kind"] == "exception_dump" and capture["scope"] == "Default/net-Net/fc1-Linear"
+    [fault] = json.loads(result.stdout)["fault_folders"]
+    assert fault["kind"] == "exception_dump" and fault["scope"] == "Default/net-Net/fc1-Linear"
 
 
 def test_config_check_validates_a_dump_config(tmp_path):

@@ -12,7 +12,7 @@ import obs
 from obs.features.dump import DumpReader
 from obs.runtime.steps import tracker
 from tests.obs.cli.test_cli import obs_cli
-from tests.obs.features.dump.test_nan_check import Net
+from tests.obs.features.dump.nan.test_check import Net
 
 COMMON = {"dump_mode": 0, "net_name": "Net", "iteration": "all", "saved_data": "statistic", "input_output": 0,
           "kernels": [], "support_device": [0], "statistic_category": ["max", "nan count"]}
@@ -48,8 +48,8 @@ def test_iteration_n_is_step_n_plus_1_and_ls_shows_both(tmp_path):
     assert train(3, poisoned_step=2) == [1, 2, 3]
     reader = DumpReader(str(root))
     assert [(s.iteration, s.training_step) for s in reader.steps()] == [(0, 1), (1, 2), (2, 3)]
-    [capture] = reader.captures()
-    assert (capture.kind, capture.meta["step"], capture.iteration) == ("nan_check", 2, 1)
+    [fault] = reader.fault_folders()
+    assert (fault.kind, fault.meta["step"], fault.iteration) == ("nan_check", 2, 1)
     # the NaN the check found in step 2 is in the data dump's iteration 1, and in no other
     assert nan_rows(reader, 0) == [] and nan_rows(reader, 2) == []
     assert nan_rows(reader, 1)[0].startswith("Default_net-Net_poison-Poison_Log")
@@ -57,7 +57,8 @@ def test_iteration_n_is_step_n_plus_1_and_ls_shows_both(tmp_path):
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
     assert [(s["iteration"], s["step"]) for s in listing["steps"]] == [(0, 1), (1, 2), (2, 3)]
-    assert [(c["step"], c["iteration"]) for c in listing["captures"]] == [(2, 1)]
+    assert [(c["step"], c["iteration"]) for c in listing["fault_folders"]] == [(2, 1)]
+    assert listing["captures"] == listing["fault_folders"]  # the former name, kept
     result = obs_cli("dump", "ls", str(root))
     assert result.returncode == 0, result.stderr
     assert "iteration N is step N + 1 - initial_iteration" in " ".join(result.stdout.split())
@@ -74,18 +75,20 @@ def test_initial_iteration_shifts_the_iterations_not_the_steps(tmp_path, monkeyp
     assert train(2, poisoned_step=2) == [1, 2]
     reader = DumpReader(str(root))
     assert [(s.iteration, s.training_step) for s in reader.steps()] == [(5, 1), (6, 2)]
-    assert [(c.meta["step"], c.iteration) for c in reader.captures()] == [(2, 6)]
+    assert [(c.meta["step"], c.iteration) for c in reader.fault_folders()] == [(2, 6)]
     assert nan_rows(reader, 5) == [] and nan_rows(reader, 6)
     # one iteration folder read alone knows its step too
     assert [s.training_step for s in DumpReader(reader.steps()[1].path).steps()] == [2]
 
 
-def test_captures_without_a_data_dump_beside_them_name_no_iteration(tmp_path):
+def test_fault_folders_without_a_data_dump_beside_them_name_no_iteration(tmp_path):
     (tmp_path / "cfg.json").write_text(json.dumps({"nan_check": {"enable": True, "path": str(tmp_path)}}))
     obs.set_context(env_config_path=str(tmp_path / "cfg.json"))
     train(1, poisoned_step=1)
-    [capture] = DumpReader(str(tmp_path)).captures()
-    assert capture.meta["step"] == 1 and capture.iteration is None
+    reader = DumpReader(str(tmp_path))
+    [fault] = reader.fault_folders()
+    assert fault.meta["step"] == 1 and fault.iteration is None
+    assert reader.captures() == [fault]  # the former name, kept
     result = obs_cli("dump", "ls", str(tmp_path))
     [header] = [line for line in result.stdout.splitlines() if "kind" in line]
     assert result.returncode == 0 and "step" in header and "iteration" not in header
