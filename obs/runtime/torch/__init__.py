@@ -11,5 +11,6 @@ check()
 from obs.runtime.torch._adapter import adapter, current_scope  # noqa: E402
 from obs.runtime.torch._compile import compile  # noqa: E402
 from obs.runtime.torch._device import device  # noqa: E402
+from obs.runtime.torch._failures import failure_hooks  # noqa: E402
 
-__all__ = ["adapter", "compile", "current_scope", "device"]
+__all__ = ["adapter", "compile", "current_scope", "device", "failure_hooks"]
