@@ -228,9 +228,9 @@ class RdrFeature:
 def _flight_recorder_collectives(files: dict[str, Any]) -> None:
     """The collectives PyTorch's Flight Recorder holds that obs did not record (DDP's buckets) into a bundle."""
     if "torch.distributed" in sys.modules:
-        from obs.runtime.torch._flight_recorder import add_to_bundle
+        from obs.runtime.torch import add_flight_recorder_to_bundle
 
-        add_to_bundle(files)
+        add_flight_recorder_to_bundle(files)
 
 
 def _distributed_ready() -> bool:

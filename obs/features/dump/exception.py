@@ -38,8 +38,7 @@ from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._tensors import tensors_in
 from obs.features.dump.capture import outputs_in, python_stack, write_capture
 from obs.runtime.steps import tracker
-from obs.runtime.torch import failure_hooks
-from obs.runtime.torch._autograd_calls import AutogradCall
+from obs.runtime.torch import AutogradCall, failure_hooks
 from obs.settings.parallel import rank
 
 __all__ = ["ExceptionDump", "dump_of"]

@@ -42,7 +42,7 @@ from obs._core.internal import SUPPRESSION, report_internal_error
 from obs.runtime.steps import tracker
 from obs.runtime.torch._failures import failure_hooks
 
-__all__ = ["ModuleHooks", "current_scope"]
+__all__ = ["ModuleHooks", "current_scope", "forget_scopes"]
 
 _scopes: dict[int, str] = {}
 _kept: list[Any] = []  # [the wrapper left in Module.__call__ by remove(), the original it calls]
@@ -52,6 +52,11 @@ def current_scope() -> str:
     """Scope of the innermost module running on this thread ('' outside any module)."""
     stack = SUPPRESSION.stack
     return stack[-1] if stack else ""
+
+
+def forget_scopes() -> None:
+    """Name every module again at its next call (``reserve_class_name_in_scope`` changed)."""
+    _scopes.clear()
 
 
 def _wrapped(module: torch.nn.Module) -> torch.nn.Module | None:

@@ -17,7 +17,7 @@ from obs._core.events import Event, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
 from obs.runtime.torch._failures import failure_hooks
 
-__all__ = ["OpInterceptor"]
+__all__ = ["OpInterceptor", "set_inputs_before_writes"]
 
 
 def _emit(name: str, args: Any, kwargs: Any, duration_ns: int, error: BaseException | None) -> None:
@@ -37,6 +37,13 @@ _written: dict[Any, tuple[int, ...]] = {}  # op -> positions of the arguments it
 #: Ops that write arguments their schema does not mark as written: eager BatchNorm's running statistics in training.
 _UNDECLARED_WRITES = {"aten::native_batch_norm": (3, 4), "aten::cudnn_batch_norm": (3, 4),
                       "aten::miopen_batch_norm": (3, 4)}
+
+
+def set_inputs_before_writes(on: bool) -> None:
+    """Hand OP_OUTPUT handlers the tensors an op writes in place as they were before it (see
+    :data:`inputs_before_writes`), or stop."""
+    global inputs_before_writes
+    inputs_before_writes = bool(on)
 
 
 def _written_positions(func: Any) -> tuple[int, ...]:
