@@ -2,7 +2,7 @@
  *
  * install_module_call() returns a method descriptor of torch.nn.Module (vectorcall, no bound method
  * per call) that _modules.py puts in place of Module.__call__.  Per call it does what the Python
- * wrapper (the reference, and the fallback with OBS_RDR_PURE_PYTHON=1) does:
+ * wrapper (the reference, and the fallback where OBS_NATIVE_RECORDER=0 or OBS_NATIVE=0) does:
  *   - suppressed (obs's own tensor work), compiling, or inside a torch.compile'd call (Dynamo's frame
  *     callback is set: handlers run there would be compiled as frames of their own): call the original
  *     and nothing else;
@@ -12,8 +12,10 @@
  *     handlers, the forward PHASE of a root call, and on an exception the failure hooks and the FAULT,
  *     leaving the exception and its traceback as they were (a C function adds no traceback entry).
  * A handler's error goes to report_internal_error(site, exc), as in Python.
- * The Python helpers it calls (scope_of, auto_begin, on_phase, on_fault, on_failed) run only on
- * a cache miss, at a step's first call, for a root call while PHASE is wanted, or on a failure.
+ * The Python helpers it calls (scope_of, auto_begin, on_phase, on_fault) run only on a cache miss, at a
+ * step's first call, for a root call while PHASE is wanted, or on a failure.  The failure hooks are the
+ * registry handed to install_module_call (obs._core.hooks.Hooks): a failure reads its `snapshot` (a tuple)
+ * and calls its `call` only when that is not empty.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,7 +24,7 @@
 /* The configuration is one tuple that each call holds a reference to: a handler may uninstall the
  * wrapper (unsubscribing ends the module events) while calls are in flight on the stack. */
 enum { C_STATE, C_CGLOBALS, C_SCOPES, C_SCOPE_OF, C_TRACKER, C_AUTO_BEGIN, C_GRAD, C_REPORT, C_ON_PHASE, C_ON_FAULT,
-       C_ON_FAILED, C_HGLOBALS, C_REGION, C_COUNT };
+       C_FAILURES, C_REGION, C_COUNT };
 enum { H_ENTER, H_EXIT, H_PHASE };
 
 typedef struct {
@@ -36,7 +38,7 @@ typedef struct {
 static Hooks H;
 #define CFG(i) PyTuple_GET_ITEM(cfg, (i))
 #define HANDLERS(i) PyTuple_GET_ITEM(H.handlers, (i))
-static PyObject *s_depth, *s_stack, *s_flag, *s_in_step, *s_call_impl, *s_compiled, *s_failure_hooks,
+static PyObject *s_depth, *s_stack, *s_flag, *s_in_step, *s_call_impl, *s_compiled, *s_snapshot, *s_call, *s_kind,
     *s_site_enter, *s_site_exit;
 
 static int64_t now_ns(void) {
@@ -128,21 +130,24 @@ static int call_handlers(PyObject *cfg, int which, PyObject *const *argv, Py_ssi
     return 0;
 }
 
-/* Python-level failure hooks (exception_dump) with the call's own arguments, as (args, kwargs). */
+/* The failure hooks (exception_dump) with the call's own arguments, as (args, kwargs):
+ * failure_hooks.call(error, "module", scope, args, kwargs, module), which reports a failing hook itself. */
 static int run_failed(PyObject *cfg, PyObject *error, PyObject *scope, PyObject *module, PyObject *const *args,
                       Py_ssize_t nargs, PyObject *kwnames) {
-    PyObject *hooks = PyDict_GetItemWithError(CFG(C_HGLOBALS), s_failure_hooks), *tuple, *kwargs, *r;
+    PyObject *hooks = PyObject_GetAttr(CFG(C_FAILURES), s_snapshot), *tuple, *kwargs, *r;
     Py_ssize_t i;
     int any;
-    if (hooks == NULL) return PyErr_Occurred() ? -1 : 0;
-    if ((any = PyObject_IsTrue(hooks)) <= 0) return any;
+    if (hooks == NULL) return -1;
+    any = PyObject_IsTrue(hooks);
+    Py_DECREF(hooks);
+    if (any <= 0) return any;
     tuple = PyTuple_New(nargs);
     kwargs = PyDict_New();
     if (tuple == NULL || kwargs == NULL) goto fail;
     for (i = 0; i < nargs; i++) PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
     for (i = 0; kwnames && i < PyTuple_GET_SIZE(kwnames); i++)
         if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) goto fail;
-    r = PyObject_CallFunctionObjArgs(CFG(C_ON_FAILED), error, scope, module, tuple, kwargs, NULL);
+    r = PyObject_CallMethodObjArgs(CFG(C_FAILURES), s_call, error, s_kind, scope, tuple, kwargs, module, NULL);
     Py_DECREF(tuple);
     Py_DECREF(kwargs);
     if (r == NULL) return -1;
@@ -260,11 +265,12 @@ pop:
         PyErr_Restore(pending_type, pending, pending_tb);
     }
     goto done;
-fail:  /* our own error, in raise mode (tests): it replaces the training's */
+fail:  /* our own error, in raise mode (tests): it replaces the training's, and our stack entry leaves too */
     Py_CLEAR(result);
     Py_XDECREF(type);
     Py_XDECREF(error);
     Py_XDECREF(tb);
+    goto pop;
 done:
     Py_XDECREF(scope);
     Py_XDECREF(stack);
@@ -279,17 +285,21 @@ static PyMethodDef call_def = {
 
 static PyObject *m_install(PyObject *self, PyObject *args, PyObject *kwds) {
     static char *names[] = {"module_type", "original", "inline", "state", "compiler_globals", "scopes", "scope_of",
-                            "tracker", "auto_begin", "grad_enabled", "report", "on_phase", "on_fault", "on_failed",
-                            "hook_globals", "compiled_region", NULL};
+                            "tracker", "auto_begin", "grad_enabled", "report", "on_phase", "on_fault",
+                            "failure_hooks", "compiled_region", NULL};
     PyObject *type, *original, *o[C_COUNT], *config, *handlers;
     int inline_call, i;
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OpOO!O!OOOOOOOOO!O", names, &PyType_Type, &type, &original,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OpOO!O!OOOOOOOOO", names, &PyType_Type, &type, &original,
                                      &inline_call, &o[C_STATE], &PyDict_Type, &o[C_CGLOBALS], &PyDict_Type,
                                      &o[C_SCOPES], &o[C_SCOPE_OF], &o[C_TRACKER], &o[C_AUTO_BEGIN], &o[C_GRAD],
-                                     &o[C_REPORT], &o[C_ON_PHASE], &o[C_ON_FAULT], &o[C_ON_FAILED], &PyDict_Type,
-                                     &o[C_HGLOBALS], &o[C_REGION]))
+                                     &o[C_REPORT], &o[C_ON_PHASE], &o[C_ON_FAULT], &o[C_FAILURES], &o[C_REGION]))
         return NULL;
+    if (!PyObject_HasAttr(o[C_FAILURES], s_call) || !PyObject_HasAttr(o[C_FAILURES], s_snapshot)) {
+        PyErr_Format(PyExc_TypeError, "install_module_call: failure_hooks must be a hook registry "
+                     "(obs._core.hooks.Hooks: a snapshot tuple and a call method), got %R", o[C_FAILURES]);
+        return NULL;
+    }
     if (H.descriptor == NULL) {
         H.descriptor = PyDescr_NewMethod((PyTypeObject *)type, &call_def);
         if (H.descriptor == NULL) return NULL;
@@ -344,7 +354,7 @@ static PyObject *m_uninstall(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"install_module_call", (PyCFunction)(void (*)(void))m_install, METH_VARARGS | METH_KEYWORDS,
      "install_module_call(*, module_type, original, inline, state, compiler_globals, scopes, scope_of, tracker, "
-     "auto_begin, grad_enabled, report, on_phase, on_fault, on_failed, hook_globals, compiled_region)\n--\n\n"
+     "auto_begin, grad_enabled, report, on_phase, on_fault, failure_hooks, compiled_region)\n--\n\n"
      "Configure the C Module.__call__ and return it (a method descriptor of module_type)."},
     {"set_module_handlers", (PyCFunction)(void (*)(void))m_set_handlers, METH_FASTCALL,
      "set_module_handlers($module, enter, exit, phase, /)\n--\n\nThe handler tuples the module call runs."},
@@ -360,11 +370,13 @@ int module_call_add_to_module(PyObject *module) {
     s_in_step = PyUnicode_InternFromString("in_step");
     s_call_impl = PyUnicode_InternFromString("_call_impl");
     s_compiled = PyUnicode_InternFromString("_compiled_call_impl");
-    s_failure_hooks = PyUnicode_InternFromString("failure_hooks");
+    s_snapshot = PyUnicode_InternFromString("snapshot");
+    s_call = PyUnicode_InternFromString("call");
+    s_kind = PyUnicode_InternFromString("module");
     s_site_enter = PyUnicode_InternFromString("MODULE_ENTER handler");
     s_site_exit = PyUnicode_InternFromString("MODULE_EXIT handler");
-    if (!s_depth || !s_stack || !s_flag || !s_in_step || !s_call_impl || !s_compiled || !s_failure_hooks ||
-        !s_site_enter || !s_site_exit)
+    if (!s_depth || !s_stack || !s_flag || !s_in_step || !s_call_impl || !s_compiled || !s_snapshot || !s_call ||
+        !s_kind || !s_site_enter || !s_site_exit)
         return -1;
     return PyModule_AddFunctions(module, methods);
 }

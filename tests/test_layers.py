@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 from collections.abc import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -161,3 +162,26 @@ def test_the_check_sees_a_circle_and_an_import_up():
     assert _circles(graph) == [["obs._core.a", "obs.cli.x"]]
     assert _layer("obs.cli.x")[0] > _layer("obs._core.a")[0]
     assert _layer("obs.features.dump.reader") == (5, "obs.features")
+
+
+def test_features_use_the_adapters_public_names_not_its_underscore_modules():
+    """``obs.runtime.torch`` names what features use of it; its underscore modules are its own.  Type-only imports
+    and module names looked up in ``sys.modules`` count too."""
+    private = re.compile(r"obs\.runtime\.torch\._\w+")
+    found = []
+    for path in sorted((ROOT / "obs").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if _layer(module)[1] == "obs.runtime":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                names = [f"{node.module}.{a.name}" for a in node.names] if node.module == "obs.runtime.torch" else []
+                names.append(node.module or "")
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value]
+            else:
+                continue
+            found += [f"{module}:{node.lineno} {n}" for n in names if private.fullmatch(n)]
+    assert found == []

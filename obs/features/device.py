@@ -27,24 +27,25 @@ class DeviceFeature:
     def prepare(self, values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
         target = values.get("device_target", "CPU")
         if ("device_target" in changes or "device_id" in changes) and canonical_device(target) != "CPU":
-            from obs.runtime.torch._device import check_device
+            from obs.runtime.torch import check_device
 
             check_device(target, values.get("device_id", 0))
 
     def commit(self, prepared: None, values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
-        if "reserve_class_name_in_scope" in changes and "obs.runtime.torch._modules" in sys.modules:
-            sys.modules["obs.runtime.torch._modules"]._scopes.clear()
+        adapter = sys.modules.get("obs.runtime.torch")  # loaded: module scopes may be named already
+        if "reserve_class_name_in_scope" in changes and adapter is not None:
+            adapter.forget_scopes()
         needed = "torch" in sys.modules or any(
             new != CONTEXT_OPTIONS[key].default for key, (_, new) in changes.items() if key in TORCH_KEYS)
         if needed:
-            from obs.runtime.torch import _controls
+            from obs.runtime.torch import apply_controls
 
-            _controls.apply(values, changes)
+            apply_controls(values, changes)
 
     def close(self) -> None:
-        controls = sys.modules.get("obs.runtime.torch._controls")
-        if controls is not None:
-            controls.restore()
+        adapter = sys.modules.get("obs.runtime.torch")  # not loaded: no control was applied
+        if adapter is not None:
+            adapter.restore_controls()
 
 
 feature = DeviceFeature()

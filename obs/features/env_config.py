@@ -68,7 +68,7 @@ class EnvConfigFeature:
         if prepared.file:
             self._watcher = FileWatcher(prepared.file, self._reload, debounce_s=self.debounce_s).start()
             self._demand = tracker.require("config hot reload")
-            tracker.at_boundary = tracker.at_boundary + (self.apply_pending,)
+            tracker.at_boundary.add(self.apply_pending)
 
     def close(self) -> None:
         self._stop()
@@ -138,7 +138,7 @@ class EnvConfigFeature:
                     warnings.warn(message, ObsConfigWarning, stacklevel=1)
 
     def _stop(self) -> None:
-        tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.apply_pending)
+        tracker.at_boundary.remove(self.apply_pending)
         if self._demand is not None:
             self._demand.remove()
             self._demand = None

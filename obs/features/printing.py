@@ -319,7 +319,7 @@ def Print(*values: Any) -> None:  # noqa: N802 - MindSpore's name
 def _print(values: tuple[Any, ...], depth: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.compiler.is_compiling():
-        from obs.runtime.torch._print_op import print_in_graph
+        from obs.runtime.torch import print_in_graph
 
         print_in_graph(values)
         return

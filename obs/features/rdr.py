@@ -151,7 +151,7 @@ class RdrFeature:
         # Until torch.distributed is up (a launcher's rank 0 looks like a plain process until then) or the job's run
         # id is agreed: one check per step boundary.
         if (not _distributed_ready() or not self._run_id_known) and self.check_rank not in tracker.at_boundary:
-            tracker.at_boundary = tracker.at_boundary + (self.check_rank,)
+            tracker.at_boundary.add(self.check_rank)
 
     def check_rank(self) -> None:
         """Once torch.distributed is initialised: take its rank and world size (moving a recorder started under
@@ -176,7 +176,7 @@ class RdrFeature:
     def _unhook_rank_check(self) -> None:
         from obs.runtime.steps import tracker
 
-        tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.check_rank)
+        tracker.at_boundary.remove(self.check_rank)
 
     def _retune(self, config: RdrConfig) -> None:
         assert self.recorder is not None and self.triggers is not None
@@ -228,9 +228,9 @@ class RdrFeature:
 def _flight_recorder_collectives(files: dict[str, Any]) -> None:
     """The collectives PyTorch's Flight Recorder holds that obs did not record (DDP's buckets) into a bundle."""
     if "torch.distributed" in sys.modules:
-        from obs.runtime.torch._flight_recorder import add_to_bundle
+        from obs.runtime.torch import add_flight_recorder_to_bundle
 
-        add_to_bundle(files)
+        add_flight_recorder_to_bundle(files)
 
 
 def _distributed_ready() -> bool:

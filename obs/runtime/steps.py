@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from obs._core.events import Event, bus
+from obs._core.hooks import HookHandle, Hooks
 from obs._core.internal import report_internal_error
 
 __all__ = ["MEMORY_INTERVAL_NS", "STEP_EVENTS", "StepDemand", "StepTracker", "step", "steps", "tracker"]
@@ -45,29 +46,14 @@ STEP_EVENTS = (Event.STEP_BEGIN, Event.STEP_END, Event.MEMORY)
 T = TypeVar("T")
 
 
-class StepDemand:
+class StepDemand(HookHandle[str]):
     """One feature's need for step numbers; ``remove()`` (idempotent) or leave the ``with`` block to drop it."""
 
-    __slots__ = ("reason", "_tracker")
-
-    def __init__(self, tracker: StepTracker, reason: str) -> None:
-        self.reason = reason
-        self._tracker: StepTracker | None = tracker
+    __slots__ = ()
 
     @property
-    def active(self) -> bool:
-        return self._tracker is not None
-
-    def remove(self) -> None:
-        owner, self._tracker = self._tracker, None
-        if owner is not None:
-            owner._drop(self)
-
-    def __enter__(self) -> StepDemand:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
+    def reason(self) -> str:
+        return self.hook
 
     def __repr__(self) -> str:
         return f"StepDemand({self.reason!r}, active={self.active})"
@@ -87,12 +73,12 @@ class StepTracker:
         self.memory_probe: Callable[[], dict[str, Any]] | None = None
         #: called on the training thread between steps (before a step begins, after one ended):
         #: where staged changes are applied (a hot-reloaded recorder swap, the rank's folder)
-        self.at_boundary: tuple[Callable[[], None], ...] = ()
+        self.at_boundary: Hooks[Callable[[], None]] = Hooks("step boundary hook")
         self._began_ns = 0
         self._memory_ns: int | None = None
         self._lock = threading.Lock()
-        self._demands: tuple[StepDemand, ...] = ()
-        self._watchers: tuple[Callable[[], None], ...] = ()
+        self._watchers: Hooks[Callable[[], None]] = Hooks("step demand watcher")
+        self._demands: Hooks[str] = Hooks("step demand", on_change=self._watchers.call)
 
     # -- who needs steps ----------------------------------------------------------------------
     def require(self, reason: str) -> StepDemand:
@@ -102,51 +88,27 @@ class StepTracker:
         """
         if not isinstance(reason, str) or not reason:
             raise TypeError(f"reason must be a non-empty str naming the feature (got {reason!r})")
-        demand = StepDemand(self, reason)
-        with self._lock:
-            self._demands = self._demands + (demand,)
-        self._notify()
-        return demand
-
-    def _drop(self, demand: StepDemand) -> None:
-        with self._lock:
-            kept = tuple(d for d in self._demands if d is not demand)
-            changed, self._demands = len(kept) != len(self._demands), kept
-        if changed:
-            self._notify()
+        return self._demands.attach(StepDemand(self._demands, reason))
 
     @property
     def demands(self) -> tuple[str, ...]:
         """The reasons of the demands held now."""
-        return tuple(d.reason for d in self._demands)
+        return self._demands.snapshot
 
     @property
     def wanted(self) -> bool:
         """True while some feature declared it needs step numbers (see :meth:`require`)."""
-        return bool(self._demands)
+        return bool(self._demands.snapshot)
 
     @property
     def detecting(self) -> bool:
         """True while steps are detected: a feature's demand (:attr:`wanted`) or a STEP_BEGIN / STEP_END / MEMORY
         subscriber."""
-        return bool(self._demands) or any(bus.has_subscribers(e) for e in STEP_EVENTS)
+        return bool(self._demands.snapshot) or any(bus.has_subscribers(e) for e in STEP_EVENTS)
 
     def watch(self, watcher: Callable[[], None]) -> Callable[[], None]:
         """Call ``watcher()`` whenever the demands change; returns an undo."""
-        with self._lock:
-            self._watchers = self._watchers + (watcher,)
-
-        def undo() -> None:
-            with self._lock:
-                self._watchers = tuple(w for w in self._watchers if w is not watcher)
-        return undo
-
-    def _notify(self) -> None:
-        for watcher in self._watchers:
-            try:
-                watcher()
-            except Exception as exc:  # noqa: BLE001 - reported; a hook's bug must not break the training loop
-                report_internal_error(f"step demand watcher {getattr(watcher, '__qualname__', watcher)}", exc)
+        return self._watchers.add(watcher).remove
 
     # -- boundaries ---------------------------------------------------------------------------
 
@@ -156,8 +118,8 @@ class StepTracker:
                 self.explicit = True
             if self.in_step:
                 return
-        if self.at_boundary:
-            self._boundary()
+        if self.at_boundary.snapshot:
+            self.at_boundary.call()
         with self._lock:
             if self.in_step:
                 return
@@ -182,8 +144,8 @@ class StepTracker:
                 report_internal_error("memory probe", exc)
             else:
                 bus.emit(Event.MEMORY, number, stats)
-        if self.at_boundary:
-            self._boundary()
+        if self.at_boundary.snapshot:
+            self.at_boundary.call()
 
     def _memory_due(self, interval: int) -> bool:
         if interval <= 0:
@@ -193,13 +155,6 @@ class StepTracker:
             return False
         self._memory_ns = now
         return True
-
-    def _boundary(self) -> None:
-        for hook in self.at_boundary:
-            try:
-                hook()
-            except Exception as exc:  # noqa: BLE001 - reported; a hook's bug must not break the training loop
-                report_internal_error("step boundary hook", exc)
 
     def auto_begin(self) -> None:
         """A detected begin: the optimizer pre-hook, the first module / compiled-graph call with grad enabled, or a

@@ -58,12 +58,12 @@ from obs.features.dump.pinned_files import PinnedFiles
 from obs.features.dump.stats.graph_rows import GraphRow, columns_for, filled, graph_rows
 from obs.features.dump.stats.statistic_csv import Op, StatisticRows, each_tensor
 from obs.runtime.steps import tracker
-from obs.runtime.torch import _ops
+from obs.runtime.torch import set_inputs_before_writes
 from obs.settings.dump_config import DumpConfig
 from obs.settings.parallel import rank
 
 if TYPE_CHECKING:
-    from obs.runtime.torch._graph_taps import DeviceRows
+    from obs.runtime.torch import DeviceRows
 
 __all__ = ["DataDump", "op_type"]
 
@@ -183,7 +183,7 @@ class DataDump:
             self._native.active = value
         # an in-place op's rows: its input as before the op wrote it, its output as after (the op interceptor
         # copies both in dumped steps; the tensor's version is bumped only after the op, too late for the rows' cache)
-        _ops.inputs_before_writes = value
+        set_inputs_before_writes(value)
 
     @property
     def _count(self) -> int:
@@ -198,7 +198,7 @@ class DataDump:
 
     def remove(self) -> None:
         demands.graph_stats.pop(self, None)
-        _ops.inputs_before_writes = False
+        set_inputs_before_writes(False)
         for sub in self._subs:
             sub.remove()
         self._subs = []

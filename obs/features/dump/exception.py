@@ -38,7 +38,7 @@ from obs.features.dump._autograd_scopes import ModuleSpans
 from obs.features.dump._tensors import tensors_in
 from obs.features.dump.fault_folder import outputs_in, python_stack, write_fault_folder
 from obs.runtime.steps import tracker
-from obs.runtime.torch._autograd_calls import AutogradCall
+from obs.runtime.torch import AutogradCall, failure_hooks
 from obs.settings.parallel import rank
 
 __all__ = ["ExceptionDump", "dump_of"]
@@ -74,13 +74,10 @@ class ExceptionDump:
 
     # -- install / remove ---------------------------------------------------------------------
     def install(self) -> ExceptionDump:
-        from obs.runtime.torch import _modules, _ops
-
         # The module wrapper (installed for these subscribers) is what reports failing modules with their arguments.
         self.spans.install()
         self._demand = tracker.require("exception_dump")  # a dump names its training step
-        _modules.failure_hooks = _modules.failure_hooks + (self.on_failure,)
-        _ops.failure_hooks = _ops.failure_hooks + (self.on_failure,)
+        failure_hooks.add(self.on_failure)
         self._notice = CompiledNotice("exception_dump", (
             "an error inside a compiled module is dumped at that module, with the inputs it was called with; "
             "PyTorch's error names the failing op (TORCHDYNAMO_VERBOSE=1 shows its graph)"))
@@ -89,8 +86,6 @@ class ExceptionDump:
         return self
 
     def remove(self) -> None:
-        from obs.runtime.torch import _modules, _ops
-
         self.spans.remove()
         if self._demand is not None:
             self._demand.remove()
@@ -98,8 +93,7 @@ class ExceptionDump:
         if self._notice is not None:
             self._notice.remove()
             self._notice = None
-        _modules.failure_hooks = tuple(h for h in _modules.failure_hooks if h != self.on_failure)
-        _ops.failure_hooks = tuple(h for h in _ops.failure_hooks if h != self.on_failure)
+        failure_hooks.remove(self.on_failure)
         for wrapper in (self._backward, self._grad):
             if wrapper is not None:
                 wrapper.unwrap()

@@ -188,7 +188,7 @@ class GraphsFeature:
             if want_records and self._records is None:
                 from obs.features.graphs.compiles import CompileRecords
                 from obs.runtime.steps import tracker
-                from obs.runtime.torch._compile import OWN_COMPILES
+                from obs.runtime.torch import OWN_COMPILES
 
                 handler = CompileRecords(self.files, level, OWN_COMPILES, _next_step)
                 self._records = bus.subscribe(Event.COMPILE_RECORD, handler.on_record)
@@ -200,7 +200,7 @@ class GraphsFeature:
                     self._steps.remove()
                     self._steps = None
             if want_records and self._exports is None:
-                from obs.runtime.torch._exports import ExportHook
+                from obs.runtime.torch import ExportHook
 
                 self._exports = ExportHook(self._on_export)
             elif not want_records and self._exports is not None:

@@ -96,7 +96,7 @@ class ProfilerFeature:
         if not (run_id_known and rdr._distributed_ready()):  # the rank is torch.distributed's once it is up
             from obs.runtime.steps import tracker
 
-            tracker.at_boundary = tracker.at_boundary + (self.check_identity,)
+            tracker.at_boundary.add(self.check_identity)
         if not self._atexit:
             self._atexit = True
             atexit.register(self._at_exit)
@@ -125,7 +125,7 @@ class ProfilerFeature:
     def _unhook(self) -> None:
         from obs.runtime.steps import tracker
 
-        tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.check_identity)
+        tracker.at_boundary.remove(self.check_identity)
 
     def _retire(self) -> None:
         self._unhook()

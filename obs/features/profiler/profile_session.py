@@ -181,7 +181,7 @@ class ProfileSession:
         if writer is not None:
             self._subscribe_metrics()
             scalars.attach(writer)
-        tracker.at_boundary = tracker.at_boundary + (self.at_boundary,)
+        tracker.at_boundary.add(self.at_boundary)
         self._set_detail(self.windows.level(_current_step()), _current_step())
 
     def _subscribe_modules(self) -> None:
@@ -271,7 +271,7 @@ class ProfileSession:
     def _unsubscribe(self, wait_s: float = _DEVICE_DRAIN_S) -> None:
         from obs.runtime.steps import tracker
 
-        tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.at_boundary)
+        tracker.at_boundary.remove(self.at_boundary)
         if self.scalars is not None:
             scalars.detach(self.scalars)
         self._detail.close()

@@ -290,7 +290,7 @@ class CollectiveHooks:
         if not self._polling:  # also at each step boundary, so a finished last collective shows completed
             from obs.runtime.steps import tracker
 
-            tracker.at_boundary = tracker.at_boundary + (self.poll,)
+            tracker.at_boundary.add(self.poll)
             self._polling = True
 
     def poll(self) -> None:
@@ -308,7 +308,7 @@ class CollectiveHooks:
         if self._polling:
             from obs.runtime.steps import tracker
 
-            tracker.at_boundary = tuple(h for h in tracker.at_boundary if h != self.poll)
+            tracker.at_boundary.remove(self.poll)
             self._polling = False
         for name, original in self._originals.items():
             wrapped = getattr(c10d, name)

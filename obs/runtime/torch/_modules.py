@@ -40,8 +40,9 @@ from torch.compiler import is_compiling
 from obs._core.events import Event, bus
 from obs._core.internal import SUPPRESSION, report_internal_error
 from obs.runtime.steps import tracker
+from obs.runtime.torch._failures import failure_hooks
 
-__all__ = ["ModuleHooks", "current_scope"]
+__all__ = ["ModuleHooks", "current_scope", "forget_scopes"]
 
 _scopes: dict[int, str] = {}
 _kept: list[Any] = []  # [the wrapper left in Module.__call__ by remove(), the original it calls]
@@ -51,6 +52,11 @@ def current_scope() -> str:
     """Scope of the innermost module running on this thread ('' outside any module)."""
     stack = SUPPRESSION.stack
     return stack[-1] if stack else ""
+
+
+def forget_scopes() -> None:
+    """Name every module again at its next call (``reserve_class_name_in_scope`` changed)."""
+    _scopes.clear()
 
 
 def _wrapped(module: torch.nn.Module) -> torch.nn.Module | None:
@@ -119,18 +125,6 @@ def _fault(scope: str, error: BaseException) -> None:
         except AttributeError:
             pass
         bus.emit(Event.FAULT, "module_error", scope, error)
-
-
-#: Called as ``hook(error, "module", scope, args, kwargs, module)`` when a module call raises (innermost first).
-failure_hooks: tuple[Any, ...] = ()
-
-
-def _failed(error: BaseException, scope: str, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-    for hook in failure_hooks:
-        try:
-            hook(error, "module", scope, args, kwargs, module)
-        except Exception as exc:  # noqa: BLE001 - reported; a handler's bug must not break forward
-            report_internal_error("module failure hook", exc)
 
 
 def _phase(handlers: tuple[Any, ...], began: int, ended: int) -> None:
@@ -205,8 +199,8 @@ class ModuleHooks:
                 return module._call_impl(*args, **kwargs)  # obs records this module's enter and exit
             except BaseException as exc:
                 error = exc
-                if failure_hooks:  # exception_dump: the innermost failing call, with its own arguments
-                    _failed(exc, scope, module, args, kwargs)
+                if failure_hooks.snapshot:  # exception_dump: the innermost failing call, with its own arguments
+                    failure_hooks.call(exc, "module", scope, args, kwargs, module)
                 tb = exc.__traceback__
                 if tb is not None and tb.tb_frame is getframe():
                     exc.__traceback__ = tb.tb_next  # a bare raise adds no frame: this one leaves the traceback
@@ -276,6 +270,6 @@ def _install_c_module_call(original: Any, inline: bool, keep: bool) -> Any:
         compiler_globals=vars(torch.compiler), scopes=_scopes,
         scope_of=lambda module, stack: _scope_of(module, stack, keep), tracker=tracker,
         auto_begin=tracker.auto_begin, grad_enabled=torch.is_grad_enabled, report=report, on_phase=_phase,
-        on_fault=_fault, on_failed=_failed, hook_globals=globals(), compiled_region=get_eval_frame_callback)
+        on_fault=_fault, failure_hooks=failure_hooks, compiled_region=get_eval_frame_callback)
     teach_dynamo(descriptor, original)
     return descriptor

@@ -15,8 +15,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from obs._core.events import Event, bus
 from obs._core.internal import SUPPRESSION, report_internal_error, suppressed
+from obs.runtime.torch._failures import failure_hooks
 
-__all__ = ["OpInterceptor"]
+__all__ = ["OpInterceptor", "set_inputs_before_writes"]
 
 
 def _emit(name: str, args: Any, kwargs: Any, duration_ns: int, error: BaseException | None) -> None:
@@ -27,9 +28,6 @@ def _emit(name: str, args: Any, kwargs: Any, duration_ns: int, error: BaseExcept
             report_internal_error("OP handler", exc)
 
 
-#: Called as ``hook(error, "op", name, args, kwargs)`` when an aten op raises.
-failure_hooks: tuple[Any, ...] = ()
-
 #: While true (the data dump records inputs in a dumped step), the tensors an op writes in place are handed to
 #: OP_OUTPUT handlers as they were before the op (copies): an in-place op's input is not its output.  Its output is
 #: handed as a copy too: the version counter of a tensor written in place is bumped only after this mode returns,
@@ -39,6 +37,13 @@ _written: dict[Any, tuple[int, ...]] = {}  # op -> positions of the arguments it
 #: Ops that write arguments their schema does not mark as written: eager BatchNorm's running statistics in training.
 _UNDECLARED_WRITES = {"aten::native_batch_norm": (3, 4), "aten::cudnn_batch_norm": (3, 4),
                       "aten::miopen_batch_norm": (3, 4)}
+
+
+def set_inputs_before_writes(on: bool) -> None:
+    """Hand OP_OUTPUT handlers the tensors an op writes in place as they were before it (see
+    :data:`inputs_before_writes`), or stop."""
+    global inputs_before_writes
+    inputs_before_writes = bool(on)
 
 
 def _written_positions(func: Any) -> tuple[int, ...]:
@@ -95,11 +100,8 @@ class OpInterceptor(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
-            for hook in failure_hooks:  # exception_dump: before FAULT, so the RDR bundle can name the dump
-                try:
-                    hook(exc, "op", name, args, kwargs)
-                except Exception as inner:  # noqa: BLE001 - reported; a handler's bug must not break the op
-                    report_internal_error("op failure hook", inner)
+            if failure_hooks.snapshot:  # exception_dump: before FAULT, so the RDR bundle can name the dump
+                failure_hooks.call(exc, "op", name, args, kwargs)
             _emit(name, args, kwargs, time.perf_counter_ns() - start, exc)
             if not getattr(exc, "_obs_fault_reported", False):
                 exc._obs_fault_reported = True  # type: ignore[attr-defined]

@@ -157,7 +157,7 @@ def test_device_work_is_completed_by_polling_not_by_its_future(tmp_path, monkeyp
         work.wait()
         seen.append([r["state"] for r in records])
         assert adapter._collectives.poll in tracker.at_boundary
-        tracker._boundary()  # a step boundary polls
+        tracker.at_boundary.call()  # a step boundary polls
         seen.append([r["state"] for r in records])
 
     records = []

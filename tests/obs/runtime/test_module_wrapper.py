@@ -11,7 +11,7 @@ import torch
 
 import obs
 from obs._core.internal import suppressed
-from obs.runtime.torch import _modules
+from obs.runtime.torch import _modules, failure_hooks
 from recorder.hotpath import hotpath
 
 pytestmark = pytest.mark.native("RECORDER")
@@ -247,15 +247,35 @@ def test_suppressed_calls_publish_nothing_and_keep_their_result():
     assert seen == [] and torch.equal(out, model.inner(x) * 3.0)
 
 
-def test_failure_hooks_get_the_failing_calls_own_arguments(monkeypatch):
+def test_failure_hooks_get_the_failing_calls_own_arguments():
     got = []
-    monkeypatch.setattr(_modules, "failure_hooks", (lambda error, kind, scope, args, kwargs, module:
-                                                    got.append((type(error).__name__, kind, scope, len(args),
-                                                                sorted(kwargs), type(module).__name__)),))
-    with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
+    hook = failure_hooks.add(lambda error, kind, scope, args, kwargs, module: got.append(
+        (type(error).__name__, kind, scope, len(args), sorted(kwargs), type(module).__name__)))
+    with hook, obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
         with pytest.raises(ValueError):
             Kw()(torch.randn(2, 4), fail=True, scale=1.0)
     assert got == [("ValueError", "module", "Default/net-Kw", 1, ["fail", "scale"], "Kw")]
+
+
+def test_a_failing_failure_hook_is_reported_the_next_runs_and_the_training_sees_its_own_error():
+    from obs._core.internal import SUPPRESSION, internal_error_counts, set_raise_internal_errors
+
+    def broken(error, kind, scope, args, kwargs, module):
+        raise RuntimeError("hook bug")
+
+    got = []
+    with failure_hooks.add(broken), failure_hooks.add(lambda error, *rest: got.append(type(error).__name__)):
+        with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
+            old = set_raise_internal_errors(False)  # as in production
+            try:
+                with pytest.raises(ValueError, match="planted"):
+                    Kw()(torch.randn(2, 4), fail=True)
+            finally:
+                set_raise_internal_errors(old)
+            with pytest.raises(RuntimeError, match="hook bug"):  # the test suite's raise mode
+                Kw()(torch.randn(2, 4), fail=True)
+    assert got == ["ValueError"] and internal_error_counts()[f"failure hook {broken.__qualname__}"] >= 1
+    assert not failure_hooks.snapshot and SUPPRESSION.stack == []
 
 
 def test_a_failing_handler_is_reported_and_the_stack_stays_balanced():

@@ -50,11 +50,10 @@ from obs.features.dump.nan.findings import Findings, NonFiniteError
 from obs.features.dump.stats.graph_rows import NONFINITE, GraphRow, graph_rows
 from obs.features.dump.stats.tensor_stats import nonfinite_counts
 from obs.runtime.steps import tracker
-from obs.runtime.torch._autograd_calls import AutogradCall
-from obs.runtime.torch._dynamo_polyfill import hidden_from_dynamo, skip_frames
+from obs.runtime.torch import AutogradCall, hidden_from_dynamo, skip_frames
 
 if TYPE_CHECKING:
-    from obs.runtime.torch._graph_taps import DeviceRows
+    from obs.runtime.torch import DeviceRows
 
 __all__ = ["NanCheck", "NonFiniteError"]
 
