@@ -25,9 +25,10 @@ from typing import Any
 from obs._core import outputs, safe_files
 from obs._core.safe_files import safe_name
 
-__all__ = ["INDEX", "VERBOSE_DIR", "GraphFiles", "Written", "graph_folder", "next_number", "render_svg"]
+__all__ = ["INDEX", "INDEX_LIMIT", "VERBOSE_DIR", "GraphFiles", "Written", "graph_folder", "next_number", "render_svg"]
 
 INDEX = "index.json"
+INDEX_LIMIT = 64 << 20  #: the largest index.json read back
 VERBOSE_DIR = "verbose_ir_files"
 _SVG_TIMEOUT_S = 60
 
