@@ -61,7 +61,9 @@ class Event(enum.Enum):
                                "aot_forward_graph, aot_backward_graph, aot_inference_graph, aot_joint_graph, "
                                "inductor_post_grad_graph, inductor_output_code, graph_break, recompile or "
                                "compilation_metrics; `compile_id` is PyTorch's `frame/compile` id (`0/1`); `meta` a "
-                               "dict; `payload` the graph's code or the reason's text ('' when none).")
+                               "dict (a graph's: `graph_module`, the FX GraphModule, where PyTorch still holds it; a "
+                               "Dynamo graph of a module: `module`, its class, and `classes`, its submodules'); "
+                               "`payload` the graph's code or the reason's text ('' when none).")
     GRAPH_STATS = EventSpec("graph_stats", ("spec", "rows"), "An Inductor-compiled graph ran and computed the "
                             "statistics of its tensors (obs.runtime.torch._graph_taps): `rows[i]` holds max, min, "
                             "sum (finite elements), L2 norm, NaN, +Inf, -Inf and zero counts of the tensor "

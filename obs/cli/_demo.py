@@ -4,8 +4,9 @@ With no settings (no ``--config``, ``--set`` or ``$OBS_CONFIG``) it is a tour: e
 written into ``./obs_demo/`` (replaced on each run; a folder of that name that obs did not make is
 never touched): an RDR bundle from a fault it injects at the end, the profiler's Perfetto trace and
 OTLP JSON lines, a print file, the graphs of its compiled model and a statistic dump of its last step.
-The settings it used are in ``obs_demo/obs_config*.json``.  With settings, it runs with exactly
-those and writes only what they ask for.
+The settings it used are in ``obs_demo/obs_config*.json``, and the model and training step it ran in
+``obs_demo/train.py`` (a copy of :mod:`obs.cli._demo_train`), where the fault is raised, as in a user's script.
+With settings, it runs with exactly those and writes only what they ask for.
 
 Output: the summary and the commands that open what it wrote (one per line, never wrapped) on
 stdout; on a terminal, a transient progress bar on stderr while it runs; at the end, on stderr,
@@ -28,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from obs._core import env
-from obs.cli._demo_folder import DEMO_FOLDER, Tour, prepare_folder
+from obs.cli._demo_folder import DEMO_FOLDER, Tour, load_script, prepare_folder
 
 __all__ = ["WARMUP_STEPS", "DemoResult", "run_demo", "run_demo_command"]
 
@@ -52,7 +53,7 @@ class DemoResult:
     env_config: dict[str, Any]
     produced: list[str] = field(default_factory=list)
     next_commands: list[str] = field(default_factory=list)
-    #: what was written, by kind (absolute paths): folder, env_config, rdr_bundle, perfetto_trace,
+    #: what was written, by kind (absolute paths): folder, script, env_config, rdr_bundle, perfetto_trace,
     #: otlp_json_lines, print_file, graphs, data_dump, ... (only what exists)
     outputs: dict[str, str] = field(default_factory=dict)
     #: the fault the tour injects at the end (expected; the RDR bundle is in ``outputs``), or None
@@ -99,22 +100,12 @@ def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None =
     torch.manual_seed(0)
     dev = obs.device()
 
-    class Fail(torch.nn.Module):
-        """Passes its input through; raises DemoFailure while armed (an injected fault for the RDR)."""
-
-        armed = ""  # the message to raise with; empty: pass through
-
-        def forward(self, h: Any) -> Any:
-            if self.armed:
-                raise DemoFailure(self.armed)
-            return h
-
-    fail = Fail()
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), fail, torch.nn.Linear(64, 4)).to(dev)
+    script = load_script(tour)
+    model = script.build_model().to(dev)
+    fault = next(m for m in model.modules() if isinstance(m, script.Fault))
     compiled = obs.compile(model, backend="eager")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(512, 32, device=dev)
-    y = (x[:, :4] * 2.0 + 0.1 * torch.randn(512, 4, device=dev))
+    x, y = script.training_data(dev)
     counts: Counter[str] = Counter()
     durations: list[int] = []
 
@@ -135,25 +126,22 @@ def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None =
                 tour.start_dump(tracker.step)  # the next step's iteration: iterations count from 0, steps from 1
             net = compiled if tour is None or i < steps - 1 else model  # the dumped step runs eagerly anyway
             if fail_at is not None and tracker.step + 1 == fail_at:  # in eager: a compiled model is not retraced
-                fail.armed, net = f"injected failure at step {fail_at} (obs demo --fail-at)", model
+                fault.error, net = DemoFailure(f"injected failure at step {fail_at} (obs demo --fail-at)"), model
             batch = slice((i * 64) % 512, (i * 64) % 512 + 64)
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(net(x[batch]), y[batch])
-            loss.backward()
-            opt.step()
+            loss = script.train_step(net, opt, x[batch], y[batch])
             losses.append(loss.item())
             if print_file and i % 10 == 0:
                 obs.Print(f"step {i + 1} loss:", loss.detach(), "first layer bias:", model.state_dict()["0.bias"][:4])
             report("training", i + 1)
-        fault = None
+        injected = None
         if tour is not None:
             report("injecting a fault", steps)
-            fault = _inject_fault(model, fail, x[:8])
+            injected = _inject_fault(script, model, fault, x[:8])
     first_steps_ms, step_ms = split_warmup(durations)
     result = DemoResult(
         device=str(dev), steps=steps, first_loss=losses[0], last_loss=losses[-1],
         step_ms=step_ms, first_steps_ms=first_steps_ms, events=dict(counts),
-        hooks=hooks, settings={k: v for k, v in snapshot().items()}, env_config=obs.env_config(), fault=fault)
+        hooks=hooks, settings={k: v for k, v in snapshot().items()}, env_config=obs.env_config(), fault=injected)
     if tour is not None:
         result.outputs = _tour_outputs(tour)
     else:
@@ -163,19 +151,16 @@ def run_demo(steps: int, fail_at: int | None = None, progress: Progress | None =
     return result
 
 
-def _inject_fault(model: Any, fail: Any, x: Any) -> str:
-    """An evaluation forward that raises in a module: the Running Data Recorder writes a bundle of it."""
-    import torch
-
-    fail.armed = "injected failure after training (obs demo's fault for the Running Data Recorder)"
+def _inject_fault(script: Any, model: Any, fault: Any, x: Any) -> str:
+    """An evaluation forward that raises in a module of the script: the Running Data Recorder writes a bundle of it."""
+    fault.error = DemoFailure("injected failure after training (obs demo's fault for the Running Data Recorder)")
     try:
-        with torch.no_grad():
-            model(x)
+        script.evaluate(model, x)
     except DemoFailure as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
-        fail.armed = ""
-    raise RuntimeError("obs demo: the injected fault did not raise")  # pragma: no cover - Fail always raises
+        fault.error = None
+    raise RuntimeError("obs demo: the injected fault did not raise")  # pragma: no cover - Fault always raises
 
 
 def _tour_outputs(tour: Tour) -> dict[str, str]:
@@ -183,7 +168,8 @@ def _tour_outputs(tour: Tour) -> dict[str, str]:
     import obs
     from obs.features.printing import feature as printing
 
-    outputs = {"folder": tour.folder, "env_config": tour.config, "env_config_with_dump": tour.dump_config}
+    outputs = {"folder": tour.folder, "script": tour.script, "env_config": tour.config,
+               "env_config_with_dump": tour.dump_config}
     live = obs.rdr.recorder()
     if live is not None and live.dumps:
         outputs["rdr_bundle"] = live.dumps[-1]
@@ -280,6 +266,7 @@ def _point_to_profile(result: DemoResult) -> None:
 
 #: (key in outputs, what it is, the command that opens it, a note)
 _TOUR_COMMANDS = (
+    ("script", "training script: the injected fault is raised in it", "", ""),
     ("rdr_bundle", "RDR bundle", "obs rdr show {}", "the RDR bundle of the fault injected at the end"),
     ("perfetto_trace", "Perfetto trace", "obs trace summary {}", "Perfetto trace: or open it in "
      "https://ui.perfetto.dev"),
@@ -304,7 +291,8 @@ def _finish_tour(result: DemoResult) -> None:
         shown = _shown(path)
         if what:
             result.produced.append(f"{shown} ({what})")
-        result.next_commands.append(command.format(shlex.quote(shown)) + (f"   # {note}" if note else ""))
+        if command:
+            result.next_commands.append(command.format(shlex.quote(shown)) + (f"   # {note}" if note else ""))
     result.next_commands += [f"obs run --config obs_config.json your_train.py   # your script: start from a copy of "
                              f"{_shown(result.outputs.get('env_config', 'obs_config.json'))}",
                              "obs options   # every setting"]

@@ -1,26 +1,32 @@
-"""The tour's folder (``obs demo`` with no settings): ``./obs_demo/``, made afresh on each run, and the settings it
-runs with.  A folder is replaced only when it is a folder of this user that holds the demo's marker."""
+"""The tour's folder (``obs demo`` with no settings): ``./obs_demo/``, made afresh on each run, the settings it runs
+with and the training script it runs from.  A folder is replaced only when it is a folder of this user that holds
+the demo's marker."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import stat
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from obs._core import safe_files
 from obs._core.errors import ObsError
 from obs._core.json_files import read_json
 
-__all__ = ["DEMO_FOLDER", "MARKER", "DemoFolderError", "Tour", "prepare_folder"]
+__all__ = ["DEMO_FOLDER", "MARKER", "SCRIPT", "DemoFolderError", "Tour", "load_script", "prepare_folder"]
 
 #: The folder the tour (``obs demo`` with no settings) writes, in the current folder; replaced on each run.
 DEMO_FOLDER = "obs_demo"
 #: The file that makes a folder the demo's own: a folder without it is never removed.
 MARKER = ".obs_demo.json"
 _MARKER_DATA = {"written_by": "obs demo", "schema_version": 1}
+#: The demo's training script in the tour's folder: a copy of obs/cli/_demo_train.py, which the demo runs.
+SCRIPT = "train.py"
+_SCRIPT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_demo_train.py")
 
 
 class DemoFolderError(ObsError, ValueError):
@@ -82,6 +88,11 @@ class Tour:
         return self.at("obs_config.json")
 
     @property
+    def script(self) -> str:
+        """The training script the tour runs: its fault is raised there, in the user's folder."""
+        return self.at(SCRIPT)
+
+    @property
     def dump_config(self) -> str:
         """The same plus the data dump, in force for the last step."""
         return self.at("obs_config_with_dump.json")
@@ -92,9 +103,12 @@ class Tour:
                 "graphs": {"save_graphs": 2, "save_graphs_path": self.at("graphs")}}
 
     def start(self) -> None:
-        """Write the env config and turn everything on (GRAPH_MODE: ``obs.compile`` compiles, its graphs are saved)."""
+        """Write the training script and the env config, and turn everything on (GRAPH_MODE: ``obs.compile``
+        compiles, its graphs are saved)."""
         import obs
 
+        with open(_SCRIPT_SOURCE, "rb") as f:
+            safe_files.write_new(self.script, f.read(), folder_ready=True)
         self._write(self.config, self.sections())
         obs.set_context(mode=obs.GRAPH_MODE, print_file_path=self.at("print.pb"), env_config_path=self.config)
 
@@ -114,6 +128,15 @@ class Tour:
 
     @staticmethod
     def _write(path: str, sections: dict[str, Any]) -> None:
-
-
         safe_files.write_new(path, (json.dumps(sections, indent=2) + "\n").encode(), folder_ready=True)
+
+
+def load_script(tour: Tour | None) -> ModuleType:
+    """The demo's training script: the tour's copy, or (with settings, which write only what they ask for) obs's own."""
+    path = tour.script if tour is not None else _SCRIPT_SOURCE
+    spec = importlib.util.spec_from_file_location("obs_demo_train", path)
+    if spec is None or spec.loader is None:
+        raise ObsError(f"obs demo: cannot load its training script {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

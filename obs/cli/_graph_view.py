@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from obs._core import env
+from obs._core.errors import NotOurFileError
 from obs.cli._exit import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from obs.cli._render import (
     console,
@@ -23,6 +24,7 @@ from obs.cli._render import (
     say_written,
     warning,
 )
+from obs.features.graphs.code_text import FX_GRAPH, GraphCode, read_code
 from obs.features.graphs.reader import read_ir
 from obs.features.graphs.summary import diff_graphs, list_graphs, summarize
 
@@ -101,7 +103,13 @@ def _bytes(n: int) -> str:
 
 
 def run_show(path: str, *, as_json: bool, top: int = 10) -> int:
-    summary = summarize(read_ir(path), top=top)
+    try:
+        ir = read_ir(path)
+    except NotOurFileError:
+        if path.endswith(".ir"):
+            raise
+        return _show_code(read_code(path), as_json=as_json, top=top)  # a graph PyTorch logged only as code
+    summary = summarize(ir, top=top)
     if as_json:
         print_json(summary.as_dict())
         return EXIT_OK
@@ -110,14 +118,7 @@ def run_show(path: str, *, as_json: bool, top: int = 10) -> int:
     out.print(f"[bold]@{markup_text(summary.entry)}[/]  {markup_text(attrs)}")
     out.print(f"{summary.nodes} nodes in {summary.subgraphs} subgraph(s); {len(summary.params)} params, weights "
               f"{_bytes(summary.param_bytes)}")
-    ops = Table(title="nodes by op", title_justify="left")
-    ops.add_column("op")
-    ops.add_column("count", justify="right")
-    for op, count in summary.ops[:top * 2]:
-        ops.add_row(markup_text(op), str(count))
-    if len(summary.ops) > top * 2:
-        ops.add_row(f"[dim]... {len(summary.ops) - top * 2} more ops[/]", "")
-    out.print(ops)
+    out.print(_ops_table(summary.ops, top))
     params = Table(title="params", title_justify="left")
     for column in ("name", "type", "size", "weight"):
         params.add_column(column, justify="right" if column == "size" else "left")
@@ -132,6 +133,35 @@ def run_show(path: str, *, as_json: bool, top: int = 10) -> int:
                         markup_text(t["scope"]))
     out.print(largest)
     out.print(_scope_tree(summary.scopes, "scopes"))
+    return EXIT_OK
+
+
+def _ops_table(counts: list[tuple[str, int]], top: int) -> Table:
+    """Nodes by op, the most common first: ``2 * top`` rows, then how many more."""
+    ops = Table(title="nodes by op", title_justify="left")
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for op, count in counts[:top * 2]:
+        ops.add_row(markup_text(op), str(count))
+    if len(counts) > top * 2:
+        ops.add_row(f"[dim]... {len(counts) - top * 2} more ops[/]", "")
+    return ops
+
+
+def _show_code(code: GraphCode, *, as_json: bool, top: int) -> int:
+    if as_json:
+        print_json(code.as_dict())
+        return EXIT_OK
+    out = console()
+    attrs = ", ".join(f"{k}={v}" for k, v in code.entry.items() if k != "graph")
+    out.print(f"[bold]@{markup_text(str(code.entry.get('graph') or os.path.basename(code.path)))}[/]  "
+              f"{markup_text(attrs)}", soft_wrap=True)
+    if code.kind == FX_GRAPH:
+        out.print(f"{code.nodes} nodes; PyTorch's code of the graph (no .ir: the compile logged only this text)")
+        out.print(_ops_table(code.ops, top))
+    else:
+        out.print("the code Inductor generated for the graph")
+    out.print(code.text.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

@@ -20,8 +20,8 @@ from obs.features.graphs.ir_text import OBS_DIR
 from obs.features.graphs.model import Abstract, Graph, IrFile, Node, Param
 from printsink.dtypes import NAME_OF_TORCH
 
-__all__ = ["abstract_of", "describe", "describe_compiled", "describe_export", "dtype_name", "frames_of", "literal",
-           "op_name", "scope_parts"]
+__all__ = ["abstract_of", "describe", "describe_compiled", "describe_export", "describe_logged", "dtype_name",
+           "frames_of", "input_names", "literal", "op_name", "scope_parts"]
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+), in (?P<func>.*)$')
 _SOURCE_ROOT = re.compile(r"^L\[['\"]([^'\"]*)['\"]\]|^L__([A-Za-z_]\w*?)__")
@@ -363,6 +363,14 @@ def describe_compiled(name: str, gm: torch.fx.GraphModule) -> tuple[IrFile, str]
     return describe(gm, graph, stage=stage, root_class=meta.get("obs_root"), keep_class=_keep_class(),
                     input_names=names, attrs={k: v for k, v in attrs.items() if v},
                     classes=meta.get("obs_classes")), stage
+
+
+def describe_logged(gm: torch.fx.GraphModule, name: str, *, stage: str, compile_id: str, root_class: str | None,
+                    classes: Mapping[str, str] | None, inputs: Sequence[tuple[str, bool]] | None) -> IrFile:
+    """A graph a plain torch.compile logged (:mod:`obs.features.graphs.compiles`), scoped under the compiled
+    module's class as obs.compile's are; an AOT graph's inputs are named after its Dynamo graph's (``inputs``)."""
+    return describe(gm, name, stage=stage, root_class=root_class, keep_class=_keep_class(), input_names=inputs,
+                    attrs={"stage": stage, "compile": compile_id}, classes=classes)
 
 
 def describe_export(graph: Any, name: str) -> tuple[IrFile, str]:

@@ -190,7 +190,7 @@ class GraphsFeature:
                 from obs.runtime.steps import tracker
                 from obs.runtime.torch import OWN_COMPILES
 
-                handler = CompileRecords(self.files, level, OWN_COMPILES, _next_step)
+                handler = CompileRecords(self.files, self.write_logged, level, OWN_COMPILES, _next_step)
                 self._records = bus.subscribe(Event.COMPILE_RECORD, handler.on_record)
                 self._steps = tracker.require("save_graphs")  # each graph names the step it was compiled in
             elif not want_records and self._records is not None:
@@ -228,28 +228,40 @@ class GraphsFeature:
 
     def publish(self, doc: Any, stage: str, name: str, *, level: int | None = None) -> Written | None:
         """Write ``doc``'s files for the level in force (or ``level``) and emit GRAPH_IR; returns what was written."""
-        from obs.features.graphs.dot import dot_text
         from obs.features.graphs.ir_text import ir_text
 
-        lvl = self.level if level is None else level
-        step = _next_step()
         doc.attrs.setdefault("stage", stage)
-        doc.attrs.setdefault("step", str(step))
+        doc.attrs.setdefault("step", str(_next_step()))
         text = ir_text(doc)
-        written = None
-        if lvl > 0:
-            try:
-                files = self.files()
-                written = files.write(graph=doc.entry, stage=stage, name=name, level=lvl, text=text,
-                                      verbose=ir_text(doc, verbose=True) if lvl >= 2 else None,
-                                      dot=dot_text(doc) if lvl >= 3 else None,
-                                      meta={"step": int(doc.attrs["step"]), "compile": doc.attrs.get("compile", name),
-                                            "nodes": sum(len(g.nodes) for g in doc.graphs)})
-            except OSError as exc:
-                report_internal_error(f"save_graphs: writing {stage} graph {name}", exc)
+        written = self._write(doc, text, stage, name, self.level if level is None else level)
         if bus.has_subscribers(Event.GRAPH_IR):
             bus.emit(Event.GRAPH_IR, name, stage, text)
         return written
+
+    def write_logged(self, doc: Any, graph: str, name: str, meta: dict[str, Any]) -> Written | None:
+        """Write the files of a graph a plain torch.compile logged (:mod:`obs.features.graphs.compiles`) at the
+        level in force, indexed under ``graph`` with ``meta``; no GRAPH_IR, which carries obs.compile's graphs."""
+        from obs.features.graphs.ir_text import ir_text
+
+        doc.attrs.setdefault("step", str(meta["step"]))
+        return self._write(doc, ir_text(doc), doc.attrs["stage"], name, self.level, graph=graph, meta=meta)
+
+    def _write(self, doc: Any, text: str, stage: str, name: str, level: int, *, graph: str | None = None,
+               meta: dict[str, Any] | None = None) -> Written | None:
+        from obs.features.graphs.dot import dot_text
+        from obs.features.graphs.ir_text import ir_text
+
+        if level <= 0:
+            return None
+        try:
+            return self.files().write(graph=graph or doc.entry, stage=stage, name=name, level=level, text=text,
+                                      verbose=ir_text(doc, verbose=True) if level >= 2 else None,
+                                      dot=dot_text(doc) if level >= 3 else None,
+                                      meta={"step": int(doc.attrs["step"]), "compile": doc.attrs.get("compile", name),
+                                            "nodes": sum(len(g.nodes) for g in doc.graphs), **(meta or {})})
+        except OSError as exc:
+            report_internal_error(f"save_graphs: writing {stage} graph {name}", exc)
+            return None
 
     def files(self) -> GraphFiles:
         folder = graph_folder(self.path)

@@ -25,9 +25,10 @@ from obs._core.rank_folders import rank_folder
 from obs._core.safe_files import safe_name
 from obs.features.graphs import graphviz
 
-__all__ = ["INDEX", "VERBOSE_DIR", "GraphFiles", "Written", "graph_folder", "next_number"]
+__all__ = ["INDEX", "INDEX_LIMIT", "VERBOSE_DIR", "GraphFiles", "Written", "graph_folder", "next_number"]
 
 INDEX = "index.json"
+INDEX_LIMIT = 64 << 20  #: the largest index.json read back
 VERBOSE_DIR = "verbose_ir_files"
 
 _counter = itertools.count()

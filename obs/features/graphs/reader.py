@@ -15,7 +15,7 @@ from obs._core import safe_files
 from obs._core.errors import DamagedFileError, NotOurFileError
 from obs.features.graphs.model import Abstract, Graph, IrFile, Node, Param, closing, parse_abstract, split_top
 
-__all__ = ["MAX_IR_BYTES", "parse_ir", "read_ir"]
+__all__ = ["MAX_IR_BYTES", "parse_ir", "read_graph_file", "read_ir"]
 
 #: the largest graph file read (a 10 000-node graph is about 5 MB)
 MAX_IR_BYTES = 1 << 30
@@ -272,12 +272,18 @@ def _return(lines: _Lines, graph: Graph, line: str) -> None:
     graph.return_scope, _ = _tail(lines)
 
 
-def read_ir(path: str) -> IrFile:
-    """Read and parse ``path`` (opened without following a symlink; see :func:`parse_ir` for errors)."""
+def read_graph_file(path: str) -> bytes:
+    """The bytes of a graph file (opened without following a symlink); one larger than MAX_IR_BYTES is damaged."""
     data = safe_files.read_private(path, limit=MAX_IR_BYTES + 1, owned=False)
     if len(data) > MAX_IR_BYTES:
         raise DamagedFileError(f"{path}: larger than {MAX_IR_BYTES} bytes: not a graph obs wrote", path=path,
                                offset=MAX_IR_BYTES)
+    return data
+
+
+def read_ir(path: str) -> IrFile:
+    """Read and parse ``path`` (opened without following a symlink; see :func:`parse_ir` for errors)."""
+    data = read_graph_file(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -17,7 +17,7 @@ from typing import Any
 from obs._core import rank_folders
 from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
 from obs._core.json_files import read_json
-from obs.features.graphs.folder import INDEX
+from obs.features.graphs.folder import INDEX, INDEX_LIMIT
 from obs.features.graphs.model import Abstract, IrFile, format_abstract
 from obs.features.graphs.reader import read_ir
 
@@ -25,7 +25,6 @@ __all__ = ["GraphDiff", "Listed", "Listing", "Summary", "diff_graphs", "list_gra
 
 _NUMBER = re.compile(r"^(\d{4,})_")
 _OP_SUFFIX = re.compile(r"-op\d+$")
-_INDEX_LIMIT = 64 << 20
 
 
 @dataclass
@@ -97,7 +96,7 @@ def _from_index(folder: str, prefix: str, listing: Listing) -> list[Listed]:
     if not os.path.lexists(path):
         return []
     try:
-        data = read_json(path, what="a graph index", limit=_INDEX_LIMIT, owned=False)
+        data = read_json(path, what="a graph index", limit=INDEX_LIMIT, owned=False)
         entries = data["graphs"]
         out = []
         for e in entries:

@@ -4,7 +4,9 @@ torch.compile (any backend), torch.export and obs.compile report each step of a 
 ``torch._logging.trace_structured``: the frame Dynamo starts (with the user's stack), the graph it
 captured, AOT autograd's joint, forward, backward and inference graphs, Inductor's post-grad graph and
 the code it generated, each graph break (reason and the user's line), each recompile (the guard that
-failed) and the compile's metrics.  ``tlparse`` reads the same records from ``TORCH_TRACE`` files; obs
+failed) and the compile's metrics.  A graph's record also carries its GraphModule where PyTorch still holds it
+(``meta["graph_module"]``; a Dynamo graph of a module its class, ``module``, and its submodules' ``classes``:
+:mod:`obs.runtime.torch._compile_graphs`).  ``tlparse`` reads the same records from ``TORCH_TRACE`` files; obs
 adds a logging handler to the same logger while someone subscribes to COMPILE_RECORD.  PyTorch builds
 these records only while the logger has a handler, and only while it compiles: compiled code runs as
 without it.
@@ -36,6 +38,9 @@ KINDS = {
 _ARTIFACTS = {"dynamo_graph_break_reason": "graph_break", "recompile_reasons": "recompile",
               "inductor_post_grad_graph": "inductor_post_grad_graph"}
 _ID_KEYS = ("frame_id", "frame_compile_id", "attempt", "rank", "compiled_autograd_id")
+#: the kinds that carry a graph (their GraphModule is added to the meta where PyTorch still holds it)
+_GRAPHS = {"dynamo_output_graph", "aot_joint_graph", "aot_forward_graph", "aot_backward_graph", "aot_inference_graph",
+           "inductor_post_grad_graph"}
 
 
 class _Handler(logging.Handler):
@@ -76,9 +81,25 @@ class _Handler(logging.Handler):
         compile_id = f"{metadata.get('frame_id', '-')}/{metadata.get('frame_compile_id', '-')}"
         if metadata.get("compiled_autograd_id") is not None:
             compile_id = f"!{metadata['compiled_autograd_id']}/{compile_id}"
+        if kind in _GRAPHS:
+            self._add_graph(kind, meta)
         text = payload if isinstance(payload, str) else ""
         with suppressed():
             bus.emit(Event.COMPILE_RECORD, compile_id, kind, meta, text)
+
+    @staticmethod
+    def _add_graph(kind: str, meta: dict[str, Any]) -> None:
+        """The graph's GraphModule, where PyTorch still holds it (not obs.compile's Dynamo graph: its backend
+        publishes it); for a Dynamo graph of a module, its class and its submodules'."""
+        from obs.runtime.torch._compile_graphs import compiled_by_obs, compiled_module, logged_graph
+
+        graph, output = logged_graph(kind)
+        module = compiled_module(output) if output is not None else None
+        if module is not None:
+            meta["module"] = type(module).__name__
+            meta["classes"] = {name: type(sub).__name__ for name, sub in module.named_modules() if name}
+        if graph is not None and not (output is not None and compiled_by_obs(output)):
+            meta["graph_module"] = graph
 
     def _frame(self, frame: Any) -> dict[str, Any]:
         if not isinstance(frame, dict):

@@ -18,7 +18,7 @@ import obs
 from obs._core.outputs import written
 from obs.cli import main
 from obs.cli._demo import WARMUP_STEPS, split_warmup
-from obs.cli._demo_folder import DEMO_FOLDER, MARKER, prepare_folder
+from obs.cli._demo_folder import DEMO_FOLDER, MARKER, SCRIPT, prepare_folder
 from obs.cli._run import say_what_obs_wrote
 from obs.cli._trace_view import print_exit_summary
 
@@ -118,6 +118,10 @@ def test_the_tour_writes_each_file_and_each_printed_command_opens_it(here, capfd
     assert bundle.startswith(f"{DEMO_FOLDER}/rdr/rank_0/rdr/") and (here / bundle / "manifest.json").is_file()
     manifest = json.loads((here / bundle / "manifest.json").read_text())
     assert manifest["reason"] == "module_error" and manifest["step"] == 12
+    # Raised in the training script the tour wrote, as a user's would be: "raised at" names it, not obs's package.
+    where = manifest["exception"]["where"]
+    assert (where["file"], where["function"]) == (str(root / SCRIPT), "forward")
+    assert f"obs_demo/{SCRIPT} (training script: the injected fault is raised in it)" in out
     trace_files = {line.partition("   # ")[0].split()[-1] for line in commands if line.startswith("obs trace summary")}
     profile = f"{DEMO_FOLDER}/profile/rank_0"
     assert trace_files == {f"{profile}/trace.json", f"{profile}/traces.otlp.jsonl"}
@@ -146,8 +150,8 @@ def test_the_tour_replaces_its_own_folder_and_lists_the_paths_in_json(here, capf
     root = str(here / DEMO_FOLDER)
     assert previous == root and not os.path.exists(os.path.join(root, "stale.txt"))
     outputs = data["outputs"]
-    assert {"folder", "env_config", "rdr_bundle", "perfetto_trace", "otlp_json_lines", "print_file", "graphs",
-            "data_dump"} <= set(outputs)
+    assert {"folder", "script", "env_config", "rdr_bundle", "perfetto_trace", "otlp_json_lines", "print_file",
+            "graphs", "data_dump"} <= set(outputs)
     assert outputs["folder"] == root
     assert all(path.startswith(root + os.sep) and os.path.exists(path) for k, path in outputs.items() if k != "folder")
     assert data["fault"].startswith("DemoFailure: ")
