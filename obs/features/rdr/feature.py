@@ -1,13 +1,12 @@
-"""The Running Data Recorder, wired to the settings: ``env_config_path`` rdr section, ``MS_RDR_*``, op_timeout.
+"""The Running Data Recorder's applier: the recorder follows the settings in force (``env_config_path``'s rdr section,
+``MS_RDR_*``, op_timeout).
 
-``obs.features.rdr.dump(reason)`` writes a bundle now; ``obs.features.rdr.recorder()`` is the live recorder (or None);
-``obs.features.rdr.recover(path)`` turns the rings of dead processes into bundles.  The recorder follows
-the settings in force: set_context, hot reloads of the file (applied at a step boundary on the
-training thread), reset_context.  When the recording ends (the process, reset_context, the file turning
+It starts, retunes or restarts with set_context, hot reloads of the file (applied at a step boundary on the
+training thread) and reset_context.  When the recording ends (the process, reset_context, the file turning
 the recorder off) it writes the bundle it owes: one for a fault no bundle holds yet, in every mode, else
 ``normal_end`` in mode 2.  ``recorder`` is imported lazily so ``import obs`` stays light.  With
 ``rdr.memory_history`` the CUDA allocator keeps its newest events for a CUDA out of memory's bundle
-(:mod:`obs.features.rdr_memory`).
+(:mod:`obs.features.rdr.cuda_memory`).
 
 Where files go: ``{rdr.path}/rank_{r}/rdr/``; an unset ``rdr.path`` is the current folder (as in
 the original).  A run that ends cleanly with nothing to report leaves nothing behind there: no
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from obs._core import env
 from obs._core.errors import ObsError
 from obs.features import env_config as env_feature
-from obs.features.rdr_memory import MemoryHistory, add_to_bundle
+from obs.features.rdr.cuda_memory import MemoryHistory, add_to_bundle
 from obs.runtime import job
 from obs.settings._context import get_context, snapshot
 
