@@ -62,7 +62,7 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
     stays; a round resumes one of them (pausing removes every hook, so "plain" is plain PyTorch)."""
     import torch
 
-    from obs.features.profiler.profile_session import ProfileSession
+    from obs.features.profiling.profile_session import ProfileSession
     from obs.runtime import job
     from obs.settings.profiler_options import ProfileRequest
 

@@ -42,7 +42,7 @@ def main() -> None:
     import torch
 
     import obs
-    from obs.features.profiler.profile_session import ProfileSession
+    from obs.features.profiling.profile_session import ProfileSession
     from obs.runtime import job
     from obs.settings.profiler_options import ProfileRequest
     from recorder.layout import Kind

@@ -1,7 +1,7 @@
 """The profiler's applier, wired to the settings: ``enable_profiling`` / ``profiling_options`` and the env config
 ``profiler`` section (see :mod:`obs.settings.profiler_options`).
 
-While it is on, a :class:`obs.features.profiler.profile_session.ProfileSession` records step, phase (and module, op)
+While it is on, a :class:`obs.features.profiling.profile_session.ProfileSession` records step, phase (and module, op)
 timings into its ring and an exporter process turns them into spans.  A change of settings (a
 hot reload is applied at a step boundary, on the training thread) ends the session in force (its
 exporter drains and ends on its own) and starts one for the new settings, whose exporter begins writing once that one
@@ -29,7 +29,7 @@ from obs.settings._context import get_context
 from obs.settings.profiler_options import ProfileRequest, request
 
 if TYPE_CHECKING:
-    from obs.features.profiler.profile_session import ProfileSession
+    from obs.features.profiling.profile_session import ProfileSession
 
 __all__ = ["ProfilerFeature", "ProfilerDropWarning", "feature", "last_status", "session"]
 
@@ -86,7 +86,7 @@ class ProfilerFeature:
                 self._start(want)
 
     def _start(self, want: ProfileRequest) -> None:
-        from obs.features.profiler.profile_session import ProfileSession
+        from obs.features.profiling.profile_session import ProfileSession
 
         who = job.identity()
         self.session = ProfileSession(want, rank=who.rank, world_size=who.world_size, run_id=who.run_id,

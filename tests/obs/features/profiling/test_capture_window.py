@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -18,11 +19,11 @@ from obs import profiling
 from obs._core.errors import ObsConfigError
 from obs._core.events import Event, bus
 from obs.cli import main
-from obs.features.profiler.window import Windows, deeper
+from obs.features.profiling.window import Windows, deeper
 from obs.settings.profiler_options import CaptureWindow, capture_params, parse_window
 from recorder.requests import make_request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = str(pathlib.Path(__file__).resolve().parents[4])  # the repository
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture_script.py")
 
 

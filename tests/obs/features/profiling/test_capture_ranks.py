@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from obs.cli import main
 from tests.recorder._jobs import finish, free_port
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture_ranks_script.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = str(pathlib.Path(__file__).resolve().parents[4])  # the repository
 
 
 def _steps_with(folder) -> dict[str, set[int]]:
