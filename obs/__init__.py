@@ -15,16 +15,15 @@ from obs._core.events import Event, EventBus, HookValidationError, Subscription,
 from obs._core.internal import internal_error_counts
 from obs._core.version import __version__
 from obs.features import device as _device
-from obs.features import device_context, dump, graphs, ops, rdr
+from obs.features import device_context, dump, graphs, ops, profiling, rdr
 from obs.features import env_config as _env_config
 from obs.features import printing as _printing
-from obs.features import profiler as profiling
 from obs.features import torch_check as _torch_check
 from obs.features.dump import feature as _dump
 from obs.features.env_config import ObsConfigWarning, env_config
 from obs.features.graphs import dump_graph
 from obs.features.printing import Print
-from obs.features.profiler.scalars import scalar
+from obs.features.profiling.scalars import scalar
 from obs.runtime import loader as _loader
 from obs.runtime.steps import step, steps
 from obs.settings._context import get_context, register_applier, reset_context, set_context
@@ -89,7 +88,7 @@ class _PublicPaths:
     obs.dump.diff``): each maps to its room under ``obs.features``, and yields the same module objects."""
 
     ROOMS = (("obs.dump", "obs.features.dump"), ("obs.graphs", "obs.features.graphs"), ("obs.rdr", "obs.features.rdr"),
-             ("obs.profiling", "obs.features.profiler"), ("obs.ops", "obs.features.ops"),
+             ("obs.profiling", "obs.features.profiling"), ("obs.ops", "obs.features.ops"),
              ("obs.device_context", "obs.features.device_context"))
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from obs.features.printing import _print
+from obs.features.printing import print_values
 
 __all__ = ["Print"]
 
@@ -13,7 +13,7 @@ class Print:
     """The Print operator: calling it is :func:`obs.Print` (file or screen, compiled graphs too)."""
 
     def __call__(self, *values: Any) -> None:
-        _print(values, 2)
+        print_values(values, 2)
 
     def __repr__(self) -> str:
         return "Print()"

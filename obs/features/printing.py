@@ -39,7 +39,8 @@ from printsink.screen import format_items
 from printsink.values import Item, normalize
 from printsink.writer import PrintWriter
 
-__all__ = ["ENV_PRINT_FILE", "ENV_PRINT_PID", "Print", "PrintFeature", "feature", "publish", "resolve_print_path"]
+__all__ = ["ENV_PRINT_FILE", "ENV_PRINT_PID", "Print", "PrintFeature", "feature", "print_values", "publish",
+           "resolve_print_path"]
 
 ENV_PRINT_FILE, ENV_PRINT_PID = env.OBS_PRINT_FILE, env.OBS_PRINT_PID
 
@@ -313,10 +314,12 @@ def Print(*values: Any) -> None:  # noqa: N802 - MindSpore's name
     Inside ``torch.compile`` it becomes a side-effecting custom op, so it causes no graph break, and
     the call site traced is recorded as its source.
     """
-    _print(values, 2)
+    print_values(values, 2)
 
 
-def _print(values: tuple[Any, ...], depth: int) -> None:
+def print_values(values: tuple[Any, ...], depth: int) -> None:
+    """One Print call (:func:`Print`, ``obs.ops.Print``), its source the caller ``depth`` frames up from here; inside
+    ``torch.compile``, the custom op that prints when the graph runs."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.compiler.is_compiling():
         from obs.runtime.torch import print_in_graph

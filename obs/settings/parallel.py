@@ -17,9 +17,9 @@ from obs._core import env
 from obs.settings._table import Option, OptionTable
 from obs.settings._validators import Bool, Choice, Int, Str, Validator, fail, type_fail
 
-__all__ = ["AUTO_PARALLEL_OPTIONS", "PS_OPTIONS", "ParallelMode", "get_auto_parallel_context", "get_ps_context",
-           "rank", "rank_given", "reset_auto_parallel_context", "reset_ps_context", "set_auto_parallel_context",
-           "set_ps_context", "world_size"]
+__all__ = ["AUTO_PARALLEL_OPTIONS", "PS_OPTIONS", "ParallelMode", "distributed", "get_auto_parallel_context",
+           "get_ps_context", "rank", "rank_given", "reset_auto_parallel_context", "reset_ps_context",
+           "set_auto_parallel_context", "set_ps_context", "world_size"]
 
 
 class ParallelMode:
@@ -232,7 +232,8 @@ def reset_ps_context() -> None:
     _ps.values = MappingProxyType({})
 
 
-def _distributed() -> Any:
+def distributed() -> Any:
+    """torch.distributed once this process has initialised it, else None (never imports torch)."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist
@@ -241,7 +242,7 @@ def _distributed() -> Any:
 
 def rank() -> int:
     """This process's rank: torch.distributed, else ``global_rank`` when set, else ``$RANK``, else 0."""
-    dist = _distributed()
+    dist = distributed()
     if dist is not None:
         return int(dist.get_rank())
     if "global_rank" in _auto.values:
@@ -251,7 +252,7 @@ def rank() -> int:
 
 def world_size() -> int:
     """Number of ranks: torch.distributed, else ``device_num`` when set, else ``$WORLD_SIZE``, else 1."""
-    dist = _distributed()
+    dist = distributed()
     if dist is not None:
         return int(dist.get_world_size())
     if "device_num" in _auto.values:
@@ -265,35 +266,10 @@ def rank_given() -> bool:
     ``$LOCAL_RANK``, no multiprocessing parent: a plain process is rank 0 of 1).  Else the rank is unknown until
     ``init_process_group``: launchers that start their ranks without ``RANK`` (Lightning's, by ``subprocess`` with
     ``LOCAL_RANK`` and ``WORLD_SIZE``; ``torch.multiprocessing.spawn``)."""
-    if _distributed() is not None or "global_rank" in _auto.values or env.text(env.RANK):
+    if distributed() is not None or "global_rank" in _auto.values or env.text(env.RANK):
         return True
     if env.text(env.LOCAL_RANK) or env.integer(env.WORLD_SIZE, 1) > 1:
         return False
     import multiprocessing
 
     return multiprocessing.parent_process() is None
-
-
-#: the key under which the ranks of a job agree on its run id (in the default process group's store)
-_RUN_ID_KEY = "obs/run_id"
-
-
-def launcher_run_id() -> str | None:
-    """The launcher's job id: ``TORCHELASTIC_RUN_ID``, unless torchrun's placeholder ``none`` (no ``--rdzv-id``)."""
-    value = env.text(env.TORCHELASTIC_RUN_ID).strip()
-    return value if value and value.lower() != "none" else None
-
-
-def agree_run_id(proposal: str) -> str | None:
-    """One run id for every rank of the job, once torch.distributed is initialised (None before).
-
-    The first rank to ask writes ``proposal`` into the default group's store (an atomic
-    compare-and-set: no rank waits for another); every rank reads back the winner."""
-    dist = _distributed()
-    if dist is None:
-        return None
-    from torch.distributed import distributed_c10d as c10d
-
-    store = c10d._get_default_store()
-    value = store.compare_set(_RUN_ID_KEY, "", proposal)
-    return bytes(value).decode("utf-8", "replace") or proposal

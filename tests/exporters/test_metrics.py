@@ -21,7 +21,7 @@ from exporters.metrics import Metrics, job_id, metrics_url
 from exporters.otlp import resource
 from exporters.sidecar import ExportConfig
 from exporters.step_metrics import MetricState
-from obs.features.profiler.scalars import ScalarWriter
+from obs.features.profiling.scalars import ScalarWriter
 from obs.runtime.steps import tracker
 from recorder.layout import PHASE_CODES, Kind
 from recorder.ring import RingWriter

@@ -1,6 +1,6 @@
 """CUDA faults on a real device: a device-side assert (in a subprocess: the CUDA context dies with it), a real out of
 memory with the allocator's history on, the memory reading per step without a host sync.  The same on CPU, from the
-real exception types and messages: tests/recorder/test_device_faults*.py, tests/obs/features/test_rdr_memory.py."""
+real exception types and messages: tests/recorder/test_device_faults*.py, tests/obs/features/rdr/test_cuda_memory.py."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 an op_trace window, memory peaks per step, and not one host synchronisation added to the training steps
 (``torch.cuda.set_sync_debug_mode("error")`` around them: a synchronising call raises).
 
-Mirrors tests/obs/features/test_device_time.py, which runs the same wiring on CPU with fake events.  Skipped without
-CUDA (tests/gpu/conftest.py).
+Mirrors tests/obs/features/profiling/test_device_recording.py, which runs the same wiring on CPU with fake events.
+Skipped without CUDA (tests/gpu/conftest.py).
 """
 
 from __future__ import annotations

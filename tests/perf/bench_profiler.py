@@ -62,8 +62,8 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
     stays; a round resumes one of them (pausing removes every hook, so "plain" is plain PyTorch)."""
     import torch
 
-    from obs import rdr
-    from obs.features.profiler.profile_session import ProfileSession
+    from obs.features.profiling.profile_session import ProfileSession
+    from obs.runtime import job
     from obs.settings.profiler_options import ProfileRequest
 
     from _harness import cnn, mlp, paired_ratios
@@ -75,7 +75,7 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
     for name, levels in (("training_trace", ("training_trace",)), ("task_trace", ("training_trace", "task_trace"))):
         request = ProfileRequest(levels=levels, output=os.path.join(tmp, name), endpoint="", protocol="", steps="",
                                  span_budget=50, module_depth=3, max_file_mb=100)
-        sessions[name] = ProfileSession(request, rank=0, world_size=1, run_id=name, versions=rdr._versions())
+        sessions[name] = ProfileSession(request, rank=0, world_size=1, run_id=name, versions=job.versions())
         sessions[name].pause()
     time.sleep(5)  # the exporters have started (their imports are not the trainer's cost)
 

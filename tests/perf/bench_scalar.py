@@ -42,8 +42,8 @@ def main() -> None:
     import torch
 
     import obs
-    from obs import rdr
-    from obs.features.profiler.profile_session import ProfileSession
+    from obs.features.profiling.profile_session import ProfileSession
+    from obs.runtime import job
     from obs.settings.profiler_options import ProfileRequest
     from recorder.layout import Kind
     from tests.recorder._jobs import free_port
@@ -57,7 +57,7 @@ def main() -> None:
     request = ProfileRequest(levels=("training_trace",), output=tmp, endpoint="", protocol="", steps="",
                              span_budget=50, module_depth=3, max_file_mb=100, metrics=("prometheus",),
                              prometheus=("127.0.0.1", free_port()))
-    session = ProfileSession(request, rank=0, world_size=1, run_id="bench", versions=rdr._versions())
+    session = ProfileSession(request, rank=0, world_size=1, run_id="bench", versions=job.versions())
     session.pause()
     time.sleep(3)  # the exporter process has started
 

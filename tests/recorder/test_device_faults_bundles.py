@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import obs
-from obs.features.rdr_memory import NO_CUDA
+from obs.features.rdr.cuda_memory import NO_CUDA
 from recorder.bundle_reader import list_bundles, load_bundle
 from tests.obs.cli.test_cli import obs_cli
 from tests.recorder.test_device_faults import ASSERT, OOM

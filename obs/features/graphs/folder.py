@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,11 +42,10 @@ def next_number() -> int:
 
 def graph_folder(base: str) -> str:
     """``base``, or ``base/rank_{r}`` under distributed training (torch.distributed up, or more than one rank)."""
+    from obs.runtime.job import distributed_ready
     from obs.settings.parallel import rank, world_size
 
-    dist = sys.modules.get("torch.distributed")
-    distributed = dist is not None and dist.is_available() and dist.is_initialized()
-    if distributed or world_size() > 1:
+    if distributed_ready() or world_size() > 1:
         return os.path.join(base, rank_folder(rank()))
     return base
 

@@ -101,25 +101,3 @@ def test_gpu_knobs_are_ignored_with_a_warning_on_cpu():
         obs.device_context.gpu.conv_allow_tf32(False)
     assert obs.device_context.gpu.op_precision.get("conv_allow_tf32") is True
 
-
-@pytest.mark.parametrize("value, expected", [("none", None), ("None", None), ("", None), ("  ", None),
-                                             ("job-42", "job-42")])
-def test_the_launcher_run_id_ignores_torchruns_placeholder(monkeypatch, value, expected):
-    from obs.settings.parallel import launcher_run_id
-
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", value)
-    assert launcher_run_id() == expected
-
-
-def test_ranks_agree_on_the_first_proposed_run_id_through_the_store(tmp_path):
-    import torch.distributed as dist
-
-    from obs.settings.parallel import agree_run_id
-
-    assert agree_run_id("early") is None  # torch.distributed is not up yet
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        assert agree_run_id("first") == "first"
-        assert agree_run_id("second") == "first"  # every later rank reads the winner back
-    finally:
-        dist.destroy_process_group()

@@ -12,11 +12,11 @@ memory reading (MEMORY: ``c`` the bytes in use, ``d`` the peak: CUDA's allocated
 size), every finished collective (COLLECTIVE: ``c`` its duration) and ``obs.scalar`` values (SCALAR); the
 exporter turns them, with the steps and phases, into OpenTelemetry metrics.
 
-Capture windows (:mod:`obs.features.profiler.window`): the session subscribes module (and op) events only for the
+Capture windows (:mod:`obs.features.profiling.window`): the session subscribes module (and op) events only for the
 steps a window covers, switched at step boundaries on the training thread; its own request watcher on
 ``{output}/requests/`` answers ``obs trace capture``.
 
-Device time (:mod:`obs.features.profiler.device_time`): once CUDA is in use, steps, phases, modules and blocking
+Device time (:mod:`obs.features.profiling.device_recording`): once CUDA is in use, steps, phases, modules and blocking
 collectives are also timed with CUDA events (DEVICE_TIME slots, written by a poller thread), each step's memory peaks
 are written (MEMORY_PEAK), and ``op_trace`` windows capture their kernels.
 
@@ -40,8 +40,8 @@ from obs._core import outputs, safe_files
 from obs._core.events import Event
 from obs._core.json_files import read_json
 from obs._core.rank_folders import rank_folder
-from obs.features.profiler import device_time, scalars
-from obs.features.profiler.window import CAPTURE, Windows
+from obs.features.profiling import device_recording, scalars
+from obs.features.profiling.window import CAPTURE, Windows
 from obs.settings.profiler_options import LEVELS, CaptureWindow, ProfileRequest
 from recorder.collective_desc import COLLECTIVE_STATES
 from recorder.layout import PHASE_CODES, STEP_TIMED, Kind
@@ -65,7 +65,7 @@ def _capacity(levels: tuple[str, ...], metrics: bool = False, device: bool = Fal
                 "op": 262144 if "op_trace" in levels else 65536, "memory": 4096 if metrics or device else 16,
                 "collective": 16384 if metrics else 16, "blob": 16}
     if device:
-        capacity["device"] = device_time.DEVICE_SLOTS
+        capacity["device"] = device_recording.DEVICE_SLOTS
     return capacity
 
 
@@ -90,7 +90,7 @@ class ProfileSession:
         self.identity_known = False  #: set_identity() ran (or the launcher told rank and run id up front)
         safe_files.ensure_dir(self.folder)
         self.ring_path = os.path.join(self.folder, f"profile_{self.pid}_{ProfileSession._serial}.obsring")
-        cuda = device_time.cuda_build()
+        cuda = device_recording.cuda_build()
         self.ring = RingWriter(self.ring_path, _capacity(request.levels, bool(request.metrics), cuda), pid=self.pid,
                                rank=rank, world_size=world_size,
                                meta={"run_id": run_id, "host": socket.gethostname(), "versions": versions,
@@ -100,7 +100,7 @@ class ProfileSession:
         self._subs = RingSubscriptions(self.ring)
         self._modules = RingSubscriptions(self.ring)  # the base level's module subscription
         #: device time (CUDA events) while CUDA is in use; replaced at each (re)subscription
-        self.device = device_time.DeviceRecording(self.ring, watch=False)
+        self.device = device_recording.DeviceRecording(self.ring, watch=False)
         self._cuda = cuda
         #: capture windows (the env config's, obs trace capture's): detail for their steps only
         self.windows = Windows(request.window)
@@ -139,7 +139,7 @@ class ProfileSession:
         step_ring = self.ring.appender("step")
         pack, mm, base, cap, size, counter, seqs, clock = self.ring.slots("step")
         begin, end, phase = int(Kind.STEP_BEGIN), int(Kind.STEP_END), int(Kind.PHASE)
-        self.device = dev = device_time.DeviceRecording(self.ring, watch=self._cuda)
+        self.device = dev = device_recording.DeviceRecording(self.ring, watch=self._cuda)
         subs, detail, me, writer = self._subs, self._detail, self, self.scalars
 
         def on_step_begin(number: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -18,29 +19,18 @@ from obs import profiling
 from obs._core.errors import ObsConfigError
 from obs._core.events import Event, bus
 from obs.cli import main
-from obs.features.profiler.window import Windows, deeper
+from obs.features.profiling.window import Windows, deeper
 from obs.settings.profiler_options import CaptureWindow, capture_params, parse_window
 from recorder.requests import make_request
+from tests.obs.features.profiling.traces import steps_with_spans
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = str(pathlib.Path(__file__).resolve().parents[4])  # the repository
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture_script.py")
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-def _spans_by_step(out) -> dict[str, set[int]]:
-    """{kind: the steps that have spans of that kind} in the local trace files of ``out``."""
-    from exporters.trace_reader import read_folder
-
-    spans = [s for f in read_folder(str(out)).files for s in f.spans]
-    step_of = {s.trace_id: s.attributes["ml.step"] for s in spans if s.kind == "step"}
-    found: dict[str, set[int]] = {}
-    for s in spans:
-        found.setdefault(s.kind, set()).add(step_of[s.trace_id])
-    return found
 
 
 def _write(path, section) -> None:
@@ -72,7 +62,7 @@ def test_a_window_edited_into_the_env_config_mid_run_gives_module_spans_for_exac
     assert profiling.session() is session  # the same session throughout: no restart, no second exporter
     obs.reset_context()
     assert [s for s, on in subscribed.items() if on] == [6, 7, 8]  # no module event published outside the window
-    found = _spans_by_step(out)
+    found = steps_with_spans(out)
     assert found["step"] == set(range(1, 13))
     assert found["module"] == {6, 7, 8}
     assert [n for n in os.listdir(out / "rank_0") if n.startswith("status_")] == [f"status_{os.getpid()}.json"]
@@ -94,7 +84,7 @@ def test_an_op_trace_window_installs_the_op_interceptor_only_for_its_steps(tmp_p
         opt.step()
     obs.reset_context()
     assert [s for s, on in ops_installed.items() if on] == [3, 4]
-    found = _spans_by_step(out)
+    found = steps_with_spans(out)
     assert found["module"] == {3, 4} and found["op"] == {3, 4}
 
 
@@ -142,7 +132,7 @@ def test_obs_trace_capture_reaches_a_running_job_with_the_rdr_on(tmp_path, capsy
     (row,) = answer["ranks"]
     first, last = row["steps"]
     assert last - first == 2 and first > 2
-    found = _spans_by_step(out)
+    found = steps_with_spans(out)
     assert found["module"] == {first, first + 1, first + 2}
     assert not os.path.exists(out / "requests")  # the CLI removed its request, its answers and the folder
 

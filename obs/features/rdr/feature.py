@@ -1,13 +1,12 @@
-"""The Running Data Recorder, wired to the settings: ``env_config_path`` rdr section, ``MS_RDR_*``, op_timeout.
+"""The Running Data Recorder's applier: the recorder follows the settings in force (``env_config_path``'s rdr section,
+``MS_RDR_*``, op_timeout).
 
-``obs.features.rdr.dump(reason)`` writes a bundle now; ``obs.features.rdr.recorder()`` is the live recorder (or None);
-``obs.features.rdr.recover(path)`` turns the rings of dead processes into bundles.  The recorder follows
-the settings in force: set_context, hot reloads of the file (applied at a step boundary on the
-training thread), reset_context.  When the recording ends (the process, reset_context, the file turning
+It starts, retunes or restarts with set_context, hot reloads of the file (applied at a step boundary on the
+training thread) and reset_context.  When the recording ends (the process, reset_context, the file turning
 the recorder off) it writes the bundle it owes: one for a fault no bundle holds yet, in every mode, else
 ``normal_end`` in mode 2.  ``recorder`` is imported lazily so ``import obs`` stays light.  With
 ``rdr.memory_history`` the CUDA allocator keeps its newest events for a CUDA out of memory's bundle
-(:mod:`obs.features.rdr_memory`).
+(:mod:`obs.features.rdr.cuda_memory`).
 
 Where files go: ``{rdr.path}/rank_{r}/rdr/``; an unset ``rdr.path`` is the current folder (as in
 the original).  A run that ends cleanly with nothing to report leaves nothing behind there: no
@@ -24,51 +23,21 @@ import functools
 import os
 import sys
 import threading
-import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from obs._core import env
 from obs._core.errors import ObsError
 from obs.features import env_config as env_feature
-from obs.features.rdr_memory import MemoryHistory, add_to_bundle
+from obs.features.rdr.cuda_memory import MemoryHistory, add_to_bundle
+from obs.runtime import job
 from obs.settings._context import get_context, snapshot
-from obs.settings.parallel import agree_run_id, launcher_run_id, rank, rank_given, world_size
 
 if TYPE_CHECKING:
     from recorder.recorder import RdrConfig, Recorder
     from recorder.triggers import Triggers
 
 __all__ = ["RdrFeature", "dump", "feature", "recorder", "recover", "start_from_environment"]
-
-#: this process's proposal for the job's run id, until the ranks agree on one (see :func:`_run_id`)
-_PROPOSAL = uuid.uuid4().hex[:12]
-_agreed: list[str] = []  # the agreed run id, once known
-
-
-def _run_id() -> tuple[str, bool]:
-    """(run id, whether it is the job's): the launcher's id, the one the ranks agreed on, or this process's
-    proposal until torch.distributed is up (torchrun says ``none`` without ``--rdzv-id``)."""
-    given = launcher_run_id()
-    if given is not None:
-        return given, True
-    if _agreed:
-        return _agreed[0], True
-    return _PROPOSAL, False
-
-
-def _versions() -> dict[str, str]:
-    import platform
-    from importlib import metadata
-
-    from obs._core.version import __version__
-
-    torch = sys.modules.get("torch")
-    try:
-        torch_version = torch.__version__ if torch is not None else metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        torch_version = "not installed"
-    return {"obs": __version__, "python": platform.python_version(), "torch": str(torch_version)}
 
 
 def _settings() -> dict[str, Any]:
@@ -133,10 +102,11 @@ class RdrFeature:
         from recorder.recorder import Recorder
         from recorder.triggers import Triggers
 
-        run_id, self._run_id_known = _run_id()
-        self.recorder = Recorder(config, rank=rank(), world_size=world_size(), run_id=run_id, settings=_settings,
-                                 versions=_versions(), rank_known=rank_given())
-        self.recorder.identity = _identity
+        who = job.identity()
+        self._run_id_known = who.run_id_known
+        self.recorder = Recorder(config, rank=who.rank, world_size=who.world_size, run_id=who.run_id,
+                                 settings=_settings, versions=who.versions, rank_known=who.rank_known)
+        self.recorder.identity = job.distributed_rank
         # collectives are recorded (granularity step and up): those PyTorch issued from C++ too
         self.recorder.amend_files = functools.partial(self._amend_bundle, collectives=config.granularity != "off")
         if config.granularity in ("module", "op"):
@@ -150,7 +120,7 @@ class RdrFeature:
                                  hang_action=config.hang_action).install()
         # Until torch.distributed is up (a launcher's rank 0 looks like a plain process until then) or the job's run
         # id is agreed: one check per step boundary.
-        if (not _distributed_ready() or not self._run_id_known) and self.check_rank not in tracker.at_boundary:
+        if (not job.distributed_ready() or not self._run_id_known) and self.check_rank not in tracker.at_boundary:
             tracker.at_boundary.add(self.check_rank)
 
     def check_rank(self) -> None:
@@ -160,14 +130,14 @@ class RdrFeature:
         if live is None:
             self._unhook_rank_check()
             return
-        if _distributed_ready():
+        where = job.distributed_rank()
+        if where is not None:
             # The rank first: the run id rewrites the marker, and until the move it would rewrite the one in the
             # folder the recorder guessed (a guessed rank 0 shares rank_0 with the real rank 0's marker).
-            moved = live.resolve_rank(rank(), world_size())
+            moved = live.resolve_rank(*where)
             if not self._run_id_known:
-                agreed = agree_run_id(_PROPOSAL)
+                agreed = job.agree_run_id()
                 if agreed is not None:
-                    _agreed[:] = [agreed]
                     self._run_id_known = True
                     live.set_run_id(agreed)
             if moved and self._run_id_known:
@@ -231,16 +201,6 @@ def _flight_recorder_collectives(files: dict[str, Any]) -> None:
         from obs.runtime.torch import add_flight_recorder_to_bundle
 
         add_flight_recorder_to_bundle(files)
-
-
-def _distributed_ready() -> bool:
-    dist = sys.modules.get("torch.distributed")
-    return dist is not None and dist.is_available() and dist.is_initialized()
-
-
-def _identity() -> tuple[int, int] | None:
-    """(rank, world size) from torch.distributed once it is up, else None."""
-    return (rank(), world_size()) if _distributed_ready() else None
 
 
 feature = RdrFeature()

@@ -129,7 +129,7 @@ def test_a_session_serves_its_steps_and_scalars_to_prometheus_while_training(tmp
 
 
 def test_on_the_thread_fallback_the_endpoint_lives_in_the_trainer_and_goes_with_the_session(tmp_path, monkeypatch):
-    import obs.features.profiler.profile_session as ps
+    import obs.features.profiling.profile_session as ps
 
     def refuse(*args, **kwargs):
         raise OSError(11, "Resource temporarily unavailable")

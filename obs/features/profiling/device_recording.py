@@ -9,7 +9,7 @@ boundaries until it is: a CPU-only build of torch is never asked).  From then on
 - the session's step and phase handlers record the step's reference and the phase marks, its module handlers time
   module calls (:func:`recorder.ring_handlers.timed_module_handlers`);
 - at each step end, the step's peaks (CUDA's allocated and reserved, from the MEMORY reading) as a MEMORY_PEAK slot;
-- an ``op_trace`` window also captures the kernels of its steps (:mod:`obs.features.profiler.kernels`).
+- an ``op_trace`` window also captures the kernels of its steps (:mod:`obs.features.profiling.kernels`).
 
 On CPU none of this exists: the session's handlers test one attribute for None.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from obs._core.events import Event
-from obs.features.profiler.kernels import KernelCapture
+from obs.features.profiling.kernels import KernelCapture
 from obs.runtime import device_time, torch_support
 from recorder.layout import Kind
 from recorder.ring import RingWriter

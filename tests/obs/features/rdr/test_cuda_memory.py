@@ -11,9 +11,8 @@ import pytest
 import torch
 
 import obs
-from obs.features import rdr_memory
-from obs.features.rdr import feature
-from obs.features.rdr_memory import NO_CUDA, MemoryHistory, add_to_bundle, bounded_snapshot
+from obs.features.rdr import cuda_memory, feature
+from obs.features.rdr.cuda_memory import NO_CUDA, MemoryHistory, add_to_bundle, bounded_snapshot
 from tests.recorder.test_device_faults import OOM
 
 
@@ -72,8 +71,8 @@ def test_an_oom_bundle_without_cuda_says_so():
 
 
 def test_an_oom_bundle_has_the_summary_of_the_device_named_and_a_bounded_snapshot(fake_cuda, monkeypatch):
-    monkeypatch.setattr(rdr_memory, "FRAMES_KEPT", 4)
-    monkeypatch.setattr(rdr_memory, "BLOCKS_KEPT", 2)
+    monkeypatch.setattr(cuda_memory, "FRAMES_KEPT", 4)
+    monkeypatch.setattr(cuda_memory, "BLOCKS_KEPT", 2)
     files = oom_files()
     add_to_bundle(files, history=10)
     summary = files["memory_summary.txt"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from obs.cli import main
 from tests.exporters.receiver import Receiver
 from tests.training import train as _train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = str(pathlib.Path(__file__).resolve().parents[4])  # the repository
 SCRIPT = os.path.join(ROOT, "tests", "exporters", "train_script.py")
 
 
@@ -74,7 +75,7 @@ def test_a_session_records_and_its_exporter_writes_the_files_when_it_ends(tmp_pa
 
 
 def test_without_a_subprocess_the_exporter_runs_on_a_thread_and_says_so_once(tmp_path, monkeypatch, caplog):
-    import obs.features.profiler.profile_session as ps
+    import obs.features.profiling.profile_session as ps
 
     def refuse(*args, **kwargs):
         raise OSError(11, "Resource temporarily unavailable")

@@ -6,30 +6,31 @@ from __future__ import annotations
 import json
 import os
 import socket
+from types import SimpleNamespace
 
 import pytest
 
 import obs
-from obs.features import rdr as rdr_feature
+from obs.runtime import job
+from obs.settings import parallel
 from recorder.bundle_reader import load_bundle
 from recorder.ring_reader import read_ring
 
 
 @pytest.fixture
 def distributed(monkeypatch):
-    """Call with (rank, world size): torch.distributed is up from then on, as the recorder sees it."""
+    """Call with (rank, world size): torch.distributed is up from then on, and its store holds the run id ``job``
+    another rank proposed."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
-    agreed = list(rdr_feature._agreed)  # a run id an earlier test's job agreed on stays for the process: not here
-    rdr_feature._agreed.clear()
+    monkeypatch.setattr(job, "_agreed", [])  # a run id an earlier test's job agreed on stays for the process
 
     def up(rank, world):
-        monkeypatch.setattr(rdr_feature, "_distributed_ready", lambda: True)
-        monkeypatch.setattr(rdr_feature, "rank", lambda: rank)
-        monkeypatch.setattr(rdr_feature, "world_size", lambda: world)
-        monkeypatch.setattr(rdr_feature, "agree_run_id", lambda proposal: "job")
-    yield up
-    rdr_feature._agreed[:] = agreed
+        store = SimpleNamespace(compare_set=lambda key, expected, desired: b"job")
+        dist = SimpleNamespace(get_rank=lambda: rank, get_world_size=lambda: world,
+                               distributed_c10d=SimpleNamespace(_get_default_store=lambda: store))
+        monkeypatch.setattr(parallel, "distributed", lambda: dist)
+    return up
 
 
 def enable(tmp_path):

@@ -1,7 +1,7 @@
 """The profiler's applier, wired to the settings: ``enable_profiling`` / ``profiling_options`` and the env config
 ``profiler`` section (see :mod:`obs.settings.profiler_options`).
 
-While it is on, a :class:`obs.features.profiler.profile_session.ProfileSession` records step, phase (and module, op)
+While it is on, a :class:`obs.features.profiling.profile_session.ProfileSession` records step, phase (and module, op)
 timings into its ring and an exporter process turns them into spans.  A change of settings (a
 hot reload is applied at a step boundary, on the training thread) ends the session in force (its
 exporter drains and ends on its own) and starts one for the new settings, whose exporter begins writing once that one
@@ -24,11 +24,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from obs.features import env_config as env_feature
+from obs.runtime import job
 from obs.settings._context import get_context
 from obs.settings.profiler_options import ProfileRequest, request
 
 if TYPE_CHECKING:
-    from obs.features.profiler.profile_session import ProfileSession
+    from obs.features.profiling.profile_session import ProfileSession
 
 __all__ = ["ProfilerFeature", "ProfilerDropWarning", "feature", "last_status", "session"]
 
@@ -85,15 +86,13 @@ class ProfilerFeature:
                 self._start(want)
 
     def _start(self, want: ProfileRequest) -> None:
-        from obs.features import rdr
-        from obs.features.profiler.profile_session import ProfileSession
-        from obs.settings.parallel import rank, rank_given, world_size
+        from obs.features.profiling.profile_session import ProfileSession
 
-        run_id, run_id_known = _run_id()
-        self.session = ProfileSession(want, rank=rank(), world_size=world_size(), run_id=run_id,
-                                      versions=rdr._versions(), rank_known=rank_given(), earlier=self._closing)
+        who = job.identity()
+        self.session = ProfileSession(want, rank=who.rank, world_size=who.world_size, run_id=who.run_id,
+                                      versions=who.versions, rank_known=who.rank_known, earlier=self._closing)
         self.request = want
-        if not (run_id_known and rdr._distributed_ready()):  # the rank is torch.distributed's once it is up
+        if not (who.run_id_known and job.distributed_ready()):  # the rank is torch.distributed's once it is up
             from obs.runtime.steps import tracker
 
             tracker.at_boundary.add(self.check_identity)
@@ -104,22 +103,13 @@ class ProfilerFeature:
     def check_identity(self) -> None:
         """At a step boundary, once torch.distributed is up: the job's agreed run id and this rank, so every rank's
         spans of a step share one trace id."""
-        from obs.features import rdr
-
         live = self.session
         if live is not None and not live.identity_known:
-            if not rdr._distributed_ready():
+            where = job.distributed_rank()
+            run_id = job.agree_run_id()
+            if where is None or run_id is None:
                 return
-            from obs.settings.parallel import agree_run_id, rank, world_size
-
-            run_id, known = _run_id()
-            if not known:
-                agreed = agree_run_id(rdr._PROPOSAL)
-                if agreed is None:
-                    return
-                rdr._agreed[:] = [agreed]
-                run_id = agreed
-            live.set_identity(run_id, rank(), world_size())
+            live.set_identity(run_id, *where)
         self._unhook()
 
     def _unhook(self) -> None:
@@ -160,14 +150,6 @@ class ProfilerFeature:
         if had and self.statuses:
             for listener in self.exit_listeners:
                 listener(self.statuses[-1])
-
-
-def _run_id() -> tuple[str, bool]:
-    """(run id, whether it is the job's) as the recorder knows it: the launcher's, the ranks' agreed one, or this
-    process's proposal."""
-    from obs.features import rdr
-
-    return rdr._run_id()
 
 
 def _warn_drops(status: Mapping[str, Any]) -> None:

@@ -5,27 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import time
 
 from obs.cli import main
+from tests.obs.features.profiling.traces import steps_with_spans
 from tests.recorder._jobs import finish, free_port
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture_ranks_script.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def _steps_with(folder) -> dict[str, set[int]]:
-    """{span kind: the steps that have spans of that kind} in one rank's local trace files."""
-    from exporters.trace_reader import read_folder
-
-    spans = [s for f in read_folder(str(folder)).files for s in f.spans]
-    step_of = {s.trace_id: s.attributes["ml.step"] for s in spans if s.kind == "step"}
-    found: dict[str, set[int]] = {}
-    for s in spans:
-        found.setdefault(s.kind, set()).add(step_of[s.trace_id])
-    return found
+ROOT = str(pathlib.Path(__file__).resolve().parents[4])  # the repository
 
 
 def test_obs_trace_capture_reaches_every_rank_of_a_torchrun_job_and_each_traces_exactly_its_steps(tmp_path, capsys):
@@ -61,6 +51,6 @@ def test_obs_trace_capture_reaches_every_rank_of_a_torchrun_job_and_each_traces_
     for rank, row in rows.items():
         first, last = row["steps"]
         assert last - first == 2 and first > 2, row
-        found = _steps_with(out / f"rank_{rank}")
+        found = steps_with_spans(out / f"rank_{rank}")
         assert found["module"] == {first, first + 1, first + 2}, (rank, row, found.get("module"))
         assert max(found["step"]) > last and {1, 2} <= found["step"]  # steps before and after: spans, no modules

@@ -14,7 +14,7 @@ import torch
 
 import obs
 from obs import profiling
-from obs.features.profiler import device_time
+from obs.features.profiling import device_recording
 from obs.runtime import device_time as runtime_device_time
 from obs.runtime.steps import tracker
 from tests.training import train
@@ -87,9 +87,9 @@ class FakeKineto:
 def fake_cuda(monkeypatch):
     kineto = FakeKineto()
     HostEvent.asked = set()
-    monkeypatch.setattr(device_time, "cuda_build", lambda: True)
-    monkeypatch.setattr(device_time, "cuda_in_use", lambda: True)
-    monkeypatch.setattr(device_time, "cuda_events", lambda: (HostEvent, lambda: False, kineto))
+    monkeypatch.setattr(device_recording, "cuda_build", lambda: True)
+    monkeypatch.setattr(device_recording, "cuda_in_use", lambda: True)
+    monkeypatch.setattr(device_recording, "cuda_events", lambda: (HostEvent, lambda: False, kineto))
     return kineto
 
 
@@ -143,7 +143,8 @@ def test_without_cuda_there_is_no_device_ring_no_timer_and_no_thread(tmp_path):
     obs.set_context(enable_profiling=True, profiling_options=json.dumps({"output": str(tmp_path / "prof")}))
     session = profiling.session()
     # a CUDA build run on a CPU (torch's default wheel) keeps a device ring and watches for CUDA coming into use
-    assert session is not None and ("device" in session.ring.rings) is session.device.watch is device_time.cuda_build()
+    assert session is not None
+    assert ("device" in session.ring.rings) is session.device.watch is device_recording.cuda_build()
     _train(3)
     assert session.device.timer is None and runtime_device_time.current is None
     assert not [t for t in threading.enumerate() if t.name == "obs-device-time"]
@@ -153,7 +154,7 @@ def test_without_cuda_there_is_no_device_ring_no_timer_and_no_thread(tmp_path):
 
 
 def test_a_capture_gives_each_kernel_the_step_its_launch_was_in_and_ends_with_a_count():
-    from obs.features.profiler.kernels import KernelCapture
+    from obs.features.profiling.kernels import KernelCapture
     from recorder.layout import DeviceTarget as T
 
     written, kineto = [], FakeKineto()
@@ -174,7 +175,7 @@ def test_a_capture_gives_each_kernel_the_step_its_launch_was_in_and_ends_with_a_
 
 def test_a_capture_that_cannot_start_or_stop_says_so_and_ends_its_window(caplog):
     from obs._core.internal import set_raise_internal_errors
-    from obs.features.profiler import kernels
+    from obs.features.profiling import kernels
     from recorder.layout import DeviceTarget as T
 
     class Busy(FakeKineto):
