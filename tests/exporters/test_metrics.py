@@ -125,7 +125,7 @@ def test_scalar_writer_refuses_bad_names_and_values(ring):
 
 def test_a_cuda_scalar_is_written_off_the_training_thread_once_its_copy_is_done(ring, monkeypatch):
     """No GPU here: the copy and its event are stand-ins; the writer's poller waits on the event, not the caller."""
-    from obs.features.profiler import scalars as scalars_module
+    from obs.features.profiling import scalars as scalars_module
 
     writer, follower = ring
     done, threads = threading.Event(), []
