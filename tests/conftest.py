@@ -32,7 +32,12 @@ def pytest_configure(config):
 def inductor_cache(tmp_path_factory) -> str:
     """One Inductor cache folder for the suite's compiling subprocesses (``TORCHINDUCTOR_CACHE_DIR``): its C++
     headers and the kernels of a model compiled without obs are built once.  A graph with obs's taps is never taken
-    from it by another process (the taps' cache key holds the process id), so each feature still compiles its own."""
+    from it by another process (the taps' cache key holds the process id), so each feature still compiles its own.
+    Under pytest-xdist the workers share it (Inductor writes its cache entries atomically)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "inductor"
+        shared.mkdir(exist_ok=True)
+        return str(shared)
     return str(tmp_path_factory.mktemp("inductor"))
 
 

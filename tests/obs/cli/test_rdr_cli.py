@@ -80,7 +80,7 @@ def test_demo_fail_at_leaves_a_bundle_to_show(tmp_path):
     data = json.loads(result.stdout)
     assert "injected failure at step 7" in data["failed"]
     shown = json.loads(obs_cli("rdr", "show", data["bundle"], "--json").stdout)["manifest"]
-    assert shown["step"] == 7 and shown["fault"]["where"] == "Default/net-Sequential/2-Fail"
+    assert shown["step"] == 7 and shown["fault"]["where"] == "Default/net-Sequential/2-Fault"
     assert shown["versions"]["torch"].startswith("2.")
 
 
