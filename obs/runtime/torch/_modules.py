@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import sys
 import time
+import types
 import weakref
 from typing import Any
 
@@ -148,6 +149,12 @@ class ModuleHooks:
         hooks, original = self, torch.nn.Module.__call__
         if _kept and original is _kept[0]:  # our wrapper, left in place by remove(): wrap what it wrapped
             original = _kept[1]
+        # Someone put a function over our C wrapper since remove() left it; that function calls it.  The C wrapper
+        # is one configuration, so a second one on top would call that function as its original, and be called by
+        # it again: record beneath it instead, from the kept wrapper, and leave their function on top.
+        self._beneath = bool(_kept) and original is not _kept[1] and not isinstance(_kept[0], types.FunctionType)
+        if self._beneath:
+            original = _kept[1]
         self._original = original
         self.off = False
         keep = keep_class_names
@@ -224,8 +231,12 @@ class ModuleHooks:
 
             self._c = hotpath()
             self._c.set_module_handlers(self.enter, self.exit, self.phase)
-            torch.nn.Module.__call__ = descriptor  # type: ignore[method-assign]
+            if not self._beneath:
+                torch.nn.Module.__call__ = descriptor  # type: ignore[method-assign]
         else:
+            if self._beneath:  # the Python wrapper goes on top of their function after all
+                self._beneath = False
+                original = self._original = torch.nn.Module.__call__
             from obs.runtime.torch._dynamo_polyfill import skip_frames
 
             skip_frames(obs_module_call.__code__)
@@ -244,7 +255,9 @@ class ModuleHooks:
         self.off = True
         if self._c is not None:
             self._c.uninstall_module_call()
-        if "torch._dynamo" in sys.modules:
+        if self._beneath:
+            pass  # their function stays on top, calling our kept wrapper, which now calls through
+        elif "torch._dynamo" in sys.modules:
             _kept[:] = [torch.nn.Module.__call__, self._original]
         else:
             torch.nn.Module.__call__ = self._original  # type: ignore[method-assign]

@@ -166,6 +166,33 @@ def test_a_module_patched_call_before_obs_is_still_called(monkeypatch):
     assert torch.nn.Module.__call__ is theirs or _modules._kept[0] is torch.nn.Module.__call__
 
 
+def test_a_function_put_over_the_wrapper_obs_left_in_place_is_called_once_and_obs_records_beneath_it(monkeypatch, impl):
+    """Once Dynamo is loaded, turning obs off leaves its wrapper in Module.__call__.  A function put over it later
+    calls it; turning obs on again must neither call that function from below (a RecursionError on every module
+    call: the C wrapper is one configuration) nor drop it."""
+    import torch._dynamo  # noqa: F401 - what makes obs leave its wrapper in place
+
+    net = torch.nn.Linear(2, 2)
+    with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
+        net(torch.ones(1, 2))
+    kept = torch.nn.Module.__call__
+    calls, scopes = [], []
+
+    def theirs(module, *args, **kwargs):
+        calls.append(type(module).__name__)
+        return kept(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", theirs)
+    with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: scopes.append(scope)):
+        net(torch.ones(1, 2))
+    net(torch.ones(1, 2))  # obs off again
+    assert calls == ["Linear", "Linear"] and scopes == ["Default/net-Linear"]
+    monkeypatch.undo()
+    with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: scopes.append(scope)):
+        net(torch.ones(1, 2))
+    assert scopes == ["Default/net-Linear"] * 2 and calls == ["Linear", "Linear"]
+
+
 # -- the C wrapper and the Python one publish the same events ------------------------------------
 
 class Kw(torch.nn.Module):
