@@ -3,7 +3,8 @@
 This module is the wiring (docs/architecture.md): it re-exports the public API and installs the
 features' appliers.  ``import obs`` is light: torch, opentelemetry and rich are imported only by the
 features and commands that need them, and nothing starts unless the environment asks for it
-(``MS_RDR_ENABLE``, ``MS_DEV_SAVE_GRAPHS``, as in the originals).
+(``MS_RDR_ENABLE``, ``MS_DEV_SAVE_GRAPHS``, MindSpore's variables; docs/architecture.md, "MindSpore, the
+original", says which MindSpore obs follows).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 /* The recorder's hot path in C: module enter/exit and op events written straight into the ring.
  *
- * Same slots, same strings, same counters as the Python handlers in recorder/recorder.py (which
+ * Same slots, same strings, same counters as the Python handlers in recorder/ring_handlers.py (which
  * remain the fallback and the reference): a SlotWriter holds a writable view of the ring's
  * memory map, the ring's index counter and the global seq counter (Counter objects from _shared.c, shared
  * with the Python appenders and the C++ op observer), the string-id dict and the intern callable.  Python's own

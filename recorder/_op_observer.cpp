@@ -180,7 +180,7 @@ const char *kind_name(const c10::IValue &v) {
   return "object";
 }
 
-// "float32[64, 784]@cpu float32[784, 256]@cpu int", as recorder.handlers.describe_args writes it.
+// "float32[64, 784]@cpu float32[784, 256]@cpu int", as recorder.ring_handlers.describe_args writes it.
 std::string describe(c10::ArrayRef<const c10::IValue> inputs) {
   std::string out;
   for (const auto &v : inputs) {

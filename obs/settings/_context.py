@@ -31,7 +31,7 @@ class Applier(Protocol):
 
     An applier with a true ``on_first_call`` attribute also takes part in the first ``set_context`` call
     (the first after ``reset_context``), whatever its keys and even when the call changes nothing: that
-    is where the original reads its environment variables (``MINDSPORE_DUMP_CONFIG``)."""
+    is where MindSpore reads its environment variables (``MINDSPORE_DUMP_CONFIG``)."""
 
     keys: frozenset[str]
 

@@ -12,7 +12,7 @@ from obs.settings._validators import Dict, Validator, did_you_mean
 __all__ = ["Option", "OptionTable", "Validated", "canonical_device"]
 
 def canonical_device(target: str) -> str:
-    """``Davinci`` is the originals' old name of ``Ascend``."""
+    """``Davinci`` is MindSpore's old name of ``Ascend``."""
     return "Ascend" if target == "Davinci" else target
 
 

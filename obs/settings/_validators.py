@@ -179,7 +179,7 @@ _SIZE_RE = re.compile(r"(?:[1-9][0-9]*(?:\.[0-9]*)?|0\.[0-9]*)GB")
 
 @dataclass(frozen=True)
 class Size(Validator):
-    """A size string like ``"3.5GB"`` (the originals' format), normalised to float GB."""
+    """A size string like ``"3.5GB"`` (MindSpore's format), normalised to float GB."""
 
     min_gb: float = 0.0
     max_gb: float | None = None
@@ -187,7 +187,7 @@ class Size(Validator):
 
     def __call__(self, value: Any, name: str) -> float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            # A number of GB: what get_context returns (the originals store float GB), accepted back.
+            # A number of GB: what get_context returns (MindSpore stores float GB), accepted back.
             if not 0 <= value < float("inf"):
                 raise fail(name, "a finite number of GB >= 0 or a size string like '3.5GB'", value)
             return self._bounded(float(value), name, value)
@@ -211,7 +211,7 @@ class Size(Validator):
 
 @dataclass(frozen=True)
 class SaveGraphsLevel(Validator):
-    """bool or int 0-3; True means 2 and False 0, as in the originals."""
+    """bool or int 0-3; True means 2 and False 0, as in MindSpore."""
 
     def __call__(self, value: Any, name: str) -> int:
         if isinstance(value, bool):

@@ -1,4 +1,4 @@
-"""The rows of ``set_context``: every key of the originals, old and new, declared once.
+"""The rows of ``set_context``: every key of MindSpore's ``set_context``, old and new, declared once.
 
 Adding an option is adding one row here; validation, ``get_context`` defaults, ``obs options``
 and the README table all follow from it.

@@ -2,10 +2,10 @@
 
 Every field of ``common_dump_settings`` and ``e2e_dump_settings`` is a row: required or not, its
 validator, its default.  All problems of a file are collected; each message names the field, the
-expectation and the value.  Differences from the original, on purpose: a malformed iteration range
-(``"1-"``, ``"2-0"``) is an error (the original silently dumps nothing); unknown keys are errors
+expectation and the value.  Differences from MindSpore's dump, on purpose: a malformed iteration range
+(``"1-"``, ``"2-0"``) is an error (MindSpore silently dumps nothing); unknown keys are errors
 with a close match; ``saved_data`` statistic/full work on CPU; ``file_format`` must be ``npy``;
-``dump_mode`` 2 (cells marked by ``set_dump``) is refused, as the original does off Ascend.
+``dump_mode`` 2 (cells marked by ``set_dump``) is refused, as MindSpore does off Ascend.
 
 :func:`parse_dump_config` gives a frozen :class:`DumpConfig` whose ``iterations`` and ``kernels``
 are compiled once (no parsing per op).
@@ -39,7 +39,7 @@ from obs.settings._validators import (
 __all__ = ["CATEGORY_COLUMNS", "DumpConfig", "DumpConfigError", "ENV_VARS", "Iterations", "KernelFilter",
            "load_dump_config", "parse_dump_config"]
 
-#: Variables naming the dump JSON file (the original's first).
+#: Variables naming the dump JSON file (MindSpore's first).
 ENV_VARS = (env.MINDSPORE_DUMP_CONFIG, env.OBS_DUMP_CONFIG)
 
 #: statistic_category item -> its statistic.csv column (MindSpore 2.10's spellings)
@@ -165,7 +165,7 @@ class _Path(Validator):
         if not value.startswith("/"):
             raise fail(name, "an absolute path (starting with '/')", value)
         if not re.fullmatch(r"[A-Za-z0-9_/-]+", value):
-            raise fail(name, "a path of letters, digits, '-', '_' and '/' only (as the original accepts)", value)
+            raise fail(name, "a path of letters, digits, '-', '_' and '/' only (as MindSpore's dump accepts)", value)
         if any(part == ".." for part in value.split("/")):
             raise fail(name, "a path without '..'", value)
         return value

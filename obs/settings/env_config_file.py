@@ -109,7 +109,7 @@ SECTIONS: dict[str, OptionTable] = {
     ]),
 }
 
-#: Spellings accepted for a key (the originals' docs spell ``mem_reuse`` as ``mem_Reuse``).
+#: Spellings accepted for a key (MindSpore's docs spell ``mem_reuse`` as ``mem_Reuse``).
 ALIASES: dict[tuple[str, str], str] = {("sys", "mem_Reuse"): "mem_reuse"}
 
 #: Environment variables read before the file: name -> (section, key, parser).
@@ -312,7 +312,7 @@ def parse_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
 
 
 def resolve(parsed: ParsedFile | None, environ: Mapping[str, str]) -> EnvConfig:
-    """Merge defaults, then the environment, then the file (the file wins, as in the originals)."""
+    """Merge defaults, then the environment, then the file (the file wins, as in MindSpore's RDR)."""
     env = parse_env(environ)
     env_names = {(s, k): v for v, (s, k) in ENV_VARS.items()}
     values: dict[str, dict[str, Any]] = {}

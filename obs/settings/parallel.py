@@ -1,4 +1,4 @@
-"""``set_auto_parallel_context`` and ``set_ps_context``: the originals' keys and defaults; rank and world size.
+"""``set_auto_parallel_context`` and ``set_ps_context``: MindSpore's keys and defaults; rank and world size.
 
 ``global_rank`` / ``device_num`` name the ``rank_{id}`` folders of every dump; once
 torch.distributed is initialised its rank and world size win.

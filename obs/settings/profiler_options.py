@@ -1,9 +1,9 @@
-"""The profiler's options: ``profiling_options`` (the originals' two forms), the env config ``profiler`` section,
+"""The profiler's options: ``profiling_options`` (MindSpore's two forms), the env config ``profiler`` section,
 and the one :class:`ProfileRequest` both resolve to.
 
 ``profiling_options`` is a plain string of levels joined by ``:`` (``"training_trace"``,
 ``"training_trace:task_trace:op_trace"``) or a JSON object as text (``'{"output": "/abs/dir",
-"training_trace": "on", "task_trace": "on", "op_trace": "on"}'``).  The original's Ascend-only
+"training_trace": "on", "task_trace": "on", "op_trace": "on"}'``).  MindSpore's Ascend-only
 keys (``aicpu``, ``fp_point``, ``aic_metrics``, ...) are accepted and have no effect.  The file's
 ``profiler`` section wins over the context keys for what it sets.  Light: no torch, no opentelemetry.
 

@@ -22,7 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PHASES = ["data", "forward", "backward", "optimizer"]
 
 
-def train(tmp_path, args, env=None, timeout=180):
+def run_train_script(tmp_path, args, env=None, timeout=180):
+    """``train_script.py`` in a process of its own, ``args`` as its JSON argument, without the caller's OTEL_*."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     clean["PYTHONPATH"] = ROOT
     clean.update(env or {})
@@ -77,7 +78,7 @@ def test_http_receiver_gets_one_trace_per_step_with_phases_modules_resource_and_
     url = receiver.start_http()
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_EXPORTER_OTLP_HEADERS": "x-team=ml,authorization=Bearer t0k",
            "OTEL_SERVICE_NAME": "trainer-7", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test,team=ml"}
-    out = train(tmp_path, {"steps": 20, "context": {"enable_profiling": True,
+    out = run_train_script(tmp_path, {"steps": 20, "context": {"enable_profiling": True,
                                                      "profiling_options": "training_trace:task_trace"}}, env)
     assert out.returncode == 0, out.stderr
     spans = receiver.spans()
@@ -100,7 +101,7 @@ def test_grpc_receiver_through_the_env_config_profiler_section(tmp_path, receive
     config.write_text(json.dumps({"profiler": {"enable": True, "endpoint": url, "protocol": "grpc",
                                                "options": "training_trace:op_trace", "span_budget": 8,
                                                "steps": "3-6|9"}}))
-    out = train(tmp_path, {"steps": 12, "config": str(config)}, {"OTEL_EXPORTER_OTLP_HEADERS": "x-grpc=yes"})
+    out = run_train_script(tmp_path, {"steps": 12, "config": str(config)}, {"OTEL_EXPORTER_OTLP_HEADERS": "x-grpc=yes"})
     assert out.returncode == 0, out.stderr
     spans = receiver.spans()
     check_step_trees(spans, [3, 4, 5, 6, 9])
@@ -115,7 +116,7 @@ def test_grpc_receiver_through_the_env_config_profiler_section(tmp_path, receive
 
 
 def test_local_files_parse_as_otlp_json_and_chrome_trace(tmp_path):
-    out = train(tmp_path, {"steps": 15, "context": {"enable_profiling": True, "profiling_options":
+    out = run_train_script(tmp_path, {"steps": 15, "context": {"enable_profiling": True, "profiling_options":
                                                      '{"task_trace": "on", "op_trace": "on"}'}})
     assert out.returncode == 0, out.stderr
     folder = tmp_path / "obs_profile" / "rank_0"
@@ -150,7 +151,7 @@ def test_local_files_parse_as_otlp_json_and_chrome_trace(tmp_path):
 @pytest.mark.parametrize("mode", ["http", "files"])
 def test_a_sigkilled_trainer_still_gets_its_recorded_steps_exported(tmp_path, receiver, mode):
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.start_http()} if mode == "http" else {}
-    out = train(tmp_path, {"steps": 30, "kill_at": 12, "context": {"enable_profiling": True}}, env)
+    out = run_train_script(tmp_path, {"steps": 30, "kill_at": 12, "context": {"enable_profiling": True}}, env)
     assert out.returncode == -9 and "killing" in out.stdout
     folder = tmp_path / "obs_profile" / "rank_0"
     deadline = time.monotonic() + 60
@@ -180,7 +181,8 @@ def test_a_dead_collector_costs_spans_not_training_time(tmp_path):
         port = s.getsockname()[1]  # nothing listens there once closed
     url = f"http://127.0.0.1:{port}"
     # What it costs in time is measured in tests/perf/bench_profiler.py (1,000 steps to a dead collector).
-    out = train(tmp_path, {"steps": 30, "context": {"enable_profiling": True}}, {"OTEL_EXPORTER_OTLP_ENDPOINT": url})
+    out = run_train_script(tmp_path, {"steps": 30, "context": {"enable_profiling": True}},
+                           {"OTEL_EXPORTER_OTLP_ENDPOINT": url})
     assert out.returncode == 0, out.stderr
     assert "obs profiler dropped" in out.stderr and url in out.stderr
     status = json.loads(next((tmp_path / "obs_profile" / "rank_0").glob("status_*.json")).read_text())
@@ -192,7 +194,7 @@ def test_a_slow_collector_delays_the_export_and_what_misses_the_flush_deadline_i
     slow = Receiver(delay_s=3.0)  # longer than the exporter's flush deadline at the end (2 s)
     url = slow.start_http()
     try:
-        out = train(tmp_path, {"steps": 40, "sleep_ms": 25, "context": {"enable_profiling": True}},
+        out = run_train_script(tmp_path, {"steps": 40, "sleep_ms": 25, "context": {"enable_profiling": True}},
                     {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_BSP_MAX_QUEUE_SIZE": "10"})
     finally:
         slow.stop()
@@ -209,7 +211,7 @@ def test_a_slow_collector_delays_the_export_and_what_misses_the_flush_deadline_i
 
 def test_otel_sdk_disabled_sends_nothing(tmp_path, receiver):
     url = receiver.start_http()
-    out = train(tmp_path, {"steps": 5, "context": {"enable_profiling": True}},
+    out = run_train_script(tmp_path, {"steps": 5, "context": {"enable_profiling": True}},
                 {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_SDK_DISABLED": "true"})
     assert out.returncode == 0, out.stderr
     assert receiver.requests == []
@@ -251,7 +253,7 @@ def test_every_rank_of_a_step_shares_its_trace(tmp_path, rdzv):
 
 def test_grpc_chosen_by_the_standard_protocol_variable(tmp_path, receiver):
     url = receiver.start_grpc()
-    out = train(tmp_path, {"steps": 4, "context": {"enable_profiling": True}},
+    out = run_train_script(tmp_path, {"steps": 4, "context": {"enable_profiling": True}},
                 {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"})
     assert out.returncode == 0, out.stderr
     check_step_trees(receiver.spans(), [1, 2, 3, 4])

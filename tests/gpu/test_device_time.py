@@ -37,7 +37,7 @@ def _config(tmp_path, **profiler) -> str:
     return str(path)
 
 
-def _train(model: torch.nn.Module, steps: int, collective: bool = False) -> None:
+def train_without_host_sync(model: torch.nn.Module, steps: int, collective: bool = False) -> None:
     """Training steps with no host sync of their own; any sync obs adds raises."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = [torch.randn(512, 256, device=CUDA) for _ in range(steps)]
@@ -63,7 +63,7 @@ def test_step_phase_and_module_spans_get_device_time_and_the_trace_a_gpu_track(t
     model = Net().to(CUDA)
     obs.set_context(env_config_path=_config(tmp_path, options="training_trace:task_trace",
                                             window={"start": 4, "steps": 2, "level": "op_trace"}))
-    _train(model, 8)
+    train_without_host_sync(model, 8)
     session = profiling.session()
     assert session is not None and session.device.timer is not None and session.device.timer.skipped == 0
     obs.reset_context()
@@ -110,7 +110,7 @@ def test_a_blocking_collective_on_the_gpu_is_timed_on_its_stream(tmp_path, monke
         warm = torch.ones(4, device=CUDA)
         dist.all_reduce(warm)  # the communicator is made at the first collective: outside the checked steps
         torch.cuda.synchronize()
-        _train(model, 4, collective=True)
+        train_without_host_sync(model, 4, collective=True)
         obs.reset_context()
     finally:
         dist.destroy_process_group()

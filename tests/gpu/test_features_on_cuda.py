@@ -35,7 +35,7 @@ def env_file(tmp_path, sections: dict) -> None:
     obs.set_context(env_config_path=str(path))
 
 
-def train(model: torch.nn.Module, steps: int = 2, compiled: bool = False) -> list[float]:
+def train_on_cuda(model: torch.nn.Module, steps: int = 2, compiled: bool = False) -> list[float]:
     torch.manual_seed(0)
     run = torch.compile(model) if compiled else model
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -73,11 +73,11 @@ def test_print_of_a_cuda_tensor_reads_back(tmp_path):
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_the_statistic_dump_of_a_cuda_model(tmp_path, compiled):
     torch.manual_seed(0)
-    plain = train(Net().to(CUDA), compiled=compiled)
+    plain = train_on_cuda(Net().to(CUDA), compiled=compiled)
     torch._dynamo.reset()
     env_file(tmp_path, dump_settings(tmp_path))
     torch.manual_seed(0)
-    with_dump = train(Net().to(CUDA), compiled=compiled)
+    with_dump = train_on_cuda(Net().to(CUDA), compiled=compiled)
     obs.reset_context()
     assert with_dump == plain
     rows = statistic_rows(tmp_path / "dump")
@@ -93,7 +93,7 @@ def test_the_nan_check_finds_the_first_nan_of_a_cuda_model(tmp_path, compiled):
 
     env_file(tmp_path, {"nan_check": {"enable": True, "path": str(tmp_path)}})
     torch._dynamo.reset()
-    train(Bad().to(CUDA), steps=1, compiled=compiled)
+    train_on_cuda(Bad().to(CUDA), steps=1, compiled=compiled)
     obs.reset_context()
     (finding,) = [json.loads((d / "meta.json").read_text()) for d in (tmp_path / "rank_0" / "nan_check").iterdir()]
     # read once per step on CUDA (nan_check.sync off): which values were found, not how many (dumps.md)
@@ -115,7 +115,7 @@ def test_exception_dump_saves_the_cuda_inputs_of_the_failing_module(tmp_path):
 @pytest.mark.parametrize("granularity", ["module", "op"])
 def test_the_recorder_keeps_a_bundle_of_a_cuda_run_that_raises(tmp_path, granularity):
     env_file(tmp_path, {"rdr": {"enable": True, "path": str(tmp_path / "rdr"), "granularity": granularity}})
-    train(Net().to(CUDA), steps=2)
+    train_on_cuda(Net().to(CUDA), steps=2)
     with pytest.raises(RuntimeError):
         Net(inner=5).to(CUDA)(torch.randn(3, 8, device=CUDA))
     obs.rdr.dump("after the fault")
@@ -129,7 +129,7 @@ def test_the_recorder_keeps_a_bundle_of_a_cuda_run_that_raises(tmp_path, granula
 def test_save_graphs_of_a_cuda_compile(tmp_path):
     obs.set_context(save_graphs=3, save_graphs_path=str(tmp_path / "graphs"))
     torch._dynamo.reset()
-    train(Net().to(CUDA), steps=1, compiled=True)
+    train_on_cuda(Net().to(CUDA), steps=1, compiled=True)
     obs.reset_context()
     index = json.loads((tmp_path / "graphs" / "index.json").read_text())
     stages = {g["stage"] for g in index["graphs"]}

@@ -1,6 +1,6 @@
 """MindSpore's ``.npy`` bytes, which every dump writer's tensor files have.
 
-:func:`npy_bytes` writes the original's npy header: version 1.0, every dim followed by a comma (``(2,3,)``, ``()``),
+:func:`npy_bytes` writes MindSpore's npy header: version 1.0, every dim followed by a comma (``(2,3,)``, ``()``),
 padded with spaces and a newline to a multiple of 64 bytes (a full 64 when already aligned).  ``numpy.load`` reads
 the files.
 """

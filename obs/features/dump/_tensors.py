@@ -40,7 +40,7 @@ def ms_dtype(tensor: torch.Tensor) -> str:
 
 
 def host_array(tensor: torch.Tensor) -> np.ndarray:
-    """A C-contiguous numpy copy on the host (bfloat16 widened to float32, as the original does)."""
+    """A C-contiguous numpy copy on the host (bfloat16 widened to float32, as MindSpore's dump does)."""
     with suppressed():
         t = tensor.detach()
         if t.layout is not torch.strided:

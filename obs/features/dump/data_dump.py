@@ -18,10 +18,10 @@ On CUDA nothing waits for the device: statistics are reduced
 on it and read with the step's others after the step, and tensors are copied into pinned memory, their files
 written off the training thread (:mod:`obs.features.dump.stats.device_stats`, :mod:`obs.features.dump.pinned_files`);
 :meth:`DataDump.flush` waits for them.  Steps outside ``iteration`` cost one flag test per op.  Slots follow argument positions: a
-non-tensor argument leaves a gap, as in the original.  The outputs of ops that return uninitialised
+non-tensor argument leaves a gap, as in MindSpore's dump.  The outputs of ops that return uninitialised
 memory (``empty_like``: garbage that differs from run to run) are not dumped; the op that fills such a
 tensor dumps it.  With ``dump_mode`` 0 and outputs dumped,
-the root module's parameters are written as the original's ``Parameter.{name}...output.0...``
+the root module's parameters are written as MindSpore's ``Parameter.{name}...output.0...``
 files (and rows) when it is first called in a dumped step, before this step updates them.
 
 A statistics-only dump consumes ops in C++ where ``obs/features/dump/stats/_fast_rows.cpp`` is built
@@ -285,7 +285,7 @@ class DataDump:
             self._folder_made = False
 
     def _on_module(self, scope: str, module: Any) -> None:
-        """The root module's first call in a dumped step: its parameters, as the original's Parameter files."""
+        """The root module's first call in a dumped step: its parameters, as MindSpore's Parameter files."""
         if not self.active or self._parameters_done or len(SUPPRESSION.stack) != 1:
             return
         self._parameters_done = True

@@ -6,8 +6,8 @@ Where each comes from (the first that says something wins):
   config's ``exception_dump`` section; a dump config with ``op_debug_mode`` 4 (inputs only).
 * NaN check: the env config's ``nan_check`` section; a dump config with ``op_debug_mode`` 3.
 * data dump: the env config's ``dump`` section; the JSON file named by ``MINDSPORE_DUMP_CONFIG`` /
-  ``OBS_DUMP_CONFIG``, read at the first ``set_context`` call (any key) or by ``obs run``, as the
-  original reads it once.  A bad file makes that call fail with every problem listed.
+  ``OBS_DUMP_CONFIG``, read at the first ``set_context`` call (any key) or by ``obs run``, as
+  MindSpore reads it once.  A bad file makes that call fail with every problem listed.
 
 Default folder of exception and NaN dumps: the section's ``path``, else the RDR path when the RDR
 is on, else the working directory.  Each feature is (re)started only when its own settings change;
@@ -119,7 +119,7 @@ class DumpFeature:
         nan = None
         if nan_section.get("enable") or debug == 3:
             root = _root(nan_section.get("path", "") or from_dump or exc_section.get("path", ""), env)
-            # op_debug_mode 3 checks every op (as the original) and reports up to overflow_number findings (0: all,
+            # op_debug_mode 3 checks every op (as in MindSpore) and reports up to overflow_number findings (0: all,
             # one per step); the nan_check section, the first one
             limit = (data.overflow_number if data is not None and debug == 3 and not nan_section.get("enable")
                      else 1)

@@ -92,7 +92,7 @@ def abstract_of(value: Any, *, extras: bool = True) -> Abstract:
 
 
 def literal(value: Any, refs: Mapping[Any, str]) -> str:
-    """An argument as the original writes it: ``%3``, ``%para1_x``, ``I64(3)``, ``Bool(1)``, ``(0, 1)``..."""
+    """An argument as MindSpore writes it: ``%3``, ``%para1_x``, ``I64(3)``, ``Bool(1)``, ``(0, 1)``..."""
     if isinstance(value, torch.fx.Node):
         return refs.get(value, f"%{value.name}")
     if value is None:

@@ -1,4 +1,4 @@
-"""An :class:`~obs.features.graphs.model.IrFile` as Graphviz DOT, in the original's layout.  Pure.
+"""An :class:`~obs.features.graphs.model.IrFile` as Graphviz DOT, in MindSpore's layout.  Pure.
 
 ``digraph mindspore {`` with ``compound=true``, one ``subgraph cluster_0x…`` per graph (``label``,
 ``fontname="Courier New"``), parameters as octagons, nodes as HTML tables whose ``core`` port holds

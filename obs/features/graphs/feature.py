@@ -140,7 +140,7 @@ class GraphsFeature:
     def _apply(self, prepared: tuple[int, str, bool]) -> None:
         level, path, pynative = prepared
         if level > 0:
-            safe_files.ensure_dir(path)  # as the original: the folder exists (0700) once the level is set
+            safe_files.ensure_dir(path)  # as in MindSpore: the folder exists (0700) once the level is set
         with self._lock:
             self.level, self.path, self.pynative = level, os.path.abspath(path), pynative
         self.sync()

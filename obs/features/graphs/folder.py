@@ -35,7 +35,7 @@ _counter_lock = threading.Lock()
 
 
 def next_number() -> int:
-    """The next value of the process-wide counter shared by every ``.ir`` and ``.dot`` (as in the original)."""
+    """The next value of the process-wide counter shared by every ``.ir`` and ``.dot`` (as in MindSpore)."""
     with _counter_lock:
         return next(_counter)
 

@@ -1,6 +1,6 @@
 """Write an :class:`~obs.features.graphs.model.IrFile` as MindSpore ``.ir`` text (plain or verbose).  Pure.
 
-The plain text keeps what a reader of the original expects: types with shapes, the scope, and the
+The plain text keeps what a reader of MindSpore's files expects: types with shapes, the scope, and the
 user's own source line.  The verbose text (``verbose_ir_files/``) adds every extra of a type
 (strides, device, ...) and every source frame.
 """

@@ -2,8 +2,8 @@
 
 Pure: text in, dataclasses out.  A file that does not start with ``# IR entry: @`` is
 :class:`NotOurFileError`; one that starts so but breaks the grammar, ends early or whose counts
-disagree with its body is :class:`DamagedFileError` naming the line and byte offset.  Lines of the
-original's richer files that we do not model (``cnode_attrs``, kernel type lines, ``# Order``)
+disagree with its body is :class:`DamagedFileError` naming the line and byte offset.  Lines of
+MindSpore's richer files that we do not model (``cnode_attrs``, kernel type lines, ``# Order``)
 are skipped.
 """
 

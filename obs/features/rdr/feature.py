@@ -9,7 +9,7 @@ the recorder off) it writes the bundle it owes: one for a fault no bundle holds 
 (:mod:`obs.features.rdr.cuda_memory`).
 
 Where files go: ``{rdr.path}/rank_{r}/rdr/``; an unset ``rdr.path`` is the current folder (as in
-the original).  A run that ends cleanly with nothing to report leaves nothing behind there: no
+MindSpore's RDR).  A run that ends cleanly with nothing to report leaves nothing behind there: no
 ring, no marker, no folder obs created.  The rank is torch.distributed's once ``init_process_group`` has run,
 whatever came before: the recorder then moves under ``rank_{r}`` and takes its world size (checked at each step
 boundary and before each bundle).  Before that, a process whose launcher gave no ``RANK`` but other ranks

@@ -2,11 +2,11 @@
 
 A post-grad graph pass (``torch._inductor.config.post_grad_custom_post_pass``, the hook Inductor offers for it)
 adds, for each node whose output is a floating tensor (views left out: they read what their base holds), a call of
-``obs::tap``: the statistics the features ask for (``obs._core.demands.graph_stats``: max, min and sum over finite
-elements, the count of finite elements, the L2 norm, and how many elements are NaN, +Inf, -Inf and zero), computed
-eagerly by torch's own kernels on the tensor's device.  Every node is tapped where a feature asks for all (the data
-dump, the NaN check at op granularity), else only the nodes whose value leaves their module (the NaN check at module
-granularity: a module's own masks, such as attention's ``-inf``, are not its output).
+``obs::tap``: the statistics the features ask for (``demands.graph_stats``, :mod:`obs._core.demands`: max, min and
+sum over finite elements, the count of finite elements, the L2 norm, and how many elements are NaN, +Inf, -Inf and
+zero), computed eagerly by torch's own kernels on the tensor's device.  Every node is tapped where a feature asks for
+all (the data dump, the NaN check at op granularity), else only the nodes whose value leaves their module (the NaN
+check at module granularity: a module's own masks, such as attention's ``-inf``, are not its output).
 
 Same bits: the statistics are never lowered into the graph's kernels.  Fused into a producer's loop they changed its
 code, and with it the user's numbers (a Conv-BatchNorm model's loss moved in its last bits, a ResNet-18's at every

@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import obs
+from tests.training import train_compiled
 
 
 class ConvBN(nn.Module):
@@ -181,45 +182,32 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[torch.Generator], tup
 }
 
 
-def train(model_name: str, steps: int = 3) -> dict[str, Any]:
+def compiled_run(model_name: str, steps: int = 3) -> dict[str, Any]:
     """Losses (as hex, every bit), Dynamo's frame and graph-break counters, and the seconds it took."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
     make, inputs = MODELS[model_name]
     torch.manual_seed(0)
     model = make()
-    compiled = torch.compile(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(1)
-    losses, start = [], time.perf_counter()
-    for _ in range(steps):
-        out = compiled(*inputs(g))
-        loss = out if out.dim() == 0 else out.square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item().hex())
-    breaks = {reason.splitlines()[0]: n for reason, n in counters["graph_break"].items()}
-    return {"losses": losses, "frames": dict(counters["frames"]), "breaks": breaks,
+    start = time.perf_counter()
+    run = train_compiled(model, steps, lambda: inputs(g), lr=0.05, momentum=0.9)
+    return {"losses": [loss.hex() for loss in run.losses], "frames": run.frames, "breaks": run.breaks,
             "seconds": round(time.perf_counter() - start, 1)}
 
 
 def run(models: list[str], features: list[str], folder: Path) -> dict[str, dict[str, Any]]:
-    """``{model: {"plain" | feature: train()}}``: each model without obs, then with each feature alone."""
+    """``{model: {"plain" | feature: compiled_run()}}``: each model without obs, then with each feature alone."""
     from tests.obs.runtime.test_compile_stays_on import FEATURES
 
     out: dict[str, dict[str, Any]] = {}
     for model in models:
-        out[model] = {"plain": train(model)}
+        out[model] = {"plain": compiled_run(model)}
         print(f"corpus: {model} plain {out[model]['plain']['seconds']} s", file=sys.stderr, flush=True)
         for feature in features:
             where = folder / model / feature.replace(" ", "_").replace("=", "")
             where.mkdir(parents=True)
             FEATURES[feature](where)
             try:
-                out[model][feature] = train(model)
+                out[model][feature] = compiled_run(model)
             finally:
                 obs.reset_context()
             print(f"corpus: {model} {feature} {out[model][feature]['seconds']} s", file=sys.stderr, flush=True)

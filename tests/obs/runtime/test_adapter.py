@@ -10,6 +10,7 @@ from torch.optim import optimizer as torch_optimizer
 import obs
 from obs._core.internal import internal_error_counts, set_raise_internal_errors, suppressed
 from obs.runtime.torch import adapter, current_scope
+from tests.training import train
 
 
 class Net(torch.nn.Module):
@@ -21,14 +22,6 @@ class Net(torch.nn.Module):
 
     def forward(self, x):
         return self.fc2(self.act(self.fc1(x)))
-
-
-def train(model, steps=3):
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(steps):
-        opt.zero_grad()
-        model(torch.randn(5, 4)).sum().backward()
-        opt.step()
 
 
 def global_hook_counts():
@@ -67,7 +60,7 @@ def test_steps_are_detected_from_optimizer_step():
     events = []
     obs.subscribe(obs.Event.STEP_BEGIN, lambda step: events.append(("begin", step)))
     obs.subscribe(obs.Event.STEP_END, lambda step, ns: events.append(("end", step)))
-    train(Net(), steps=3)
+    train(3, Net(), marked=False)
     assert events == [("begin", 1), ("end", 1), ("begin", 2), ("end", 2), ("begin", 3), ("end", 3)]
 
 
@@ -152,7 +145,7 @@ def test_memory_event_at_step_end_reports_rss_on_cpu(monkeypatch):
     monkeypatch.setattr(steps_module, "MEMORY_INTERVAL_NS", 0)
     stats = []
     obs.subscribe(obs.Event.MEMORY, lambda step, s: stats.append((step, s)))
-    train(Net(), steps=2)
+    train(2, Net(), marked=False)
     assert [s for s, _ in stats] == [1, 2]
     assert stats[0][1]["device"] == "cpu" and stats[0][1]["rss_bytes"] > 0
 
@@ -163,7 +156,7 @@ def test_memory_is_sampled_at_most_every_interval(monkeypatch):
     monkeypatch.setattr(steps_module, "MEMORY_INTERVAL_NS", 3_600 * 10**9)
     stats = []
     obs.subscribe(obs.Event.MEMORY, lambda step, s: stats.append(step))
-    train(Net(), steps=4)
+    train(4, Net(), marked=False)
     assert stats == [1]
 
 
@@ -175,7 +168,7 @@ def test_our_bug_never_breaks_the_training_loop():
     obs.subscribe(obs.Event.MODULE_ENTER, broken)
     old = set_raise_internal_errors(False)
     try:
-        train(Net(), steps=2)
+        train(2, Net(), marked=False)
     finally:
         set_raise_internal_errors(old)
     assert internal_error_counts()["MODULE_ENTER handler"] >= 8
@@ -197,5 +190,5 @@ def test_graph_call_marks_step_start_in_graph_mode():
     net = Net()
     begins = []  # (step, whether backward already ran): a begin from the optimizer hook would see grads
     obs.subscribe(obs.Event.STEP_BEGIN, lambda step: begins.append((step, net.fc1.weight.grad is not None)))
-    train(obs.compile(net, backend="eager"), steps=2)
+    train(2, obs.compile(net, backend="eager"), marked=False)
     assert begins == [(1, False), (2, False)]

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import obs
+from tests.training import CompiledRun, train_compiled
 
 pytestmark = pytest.mark.native()
 
@@ -67,36 +68,21 @@ FEATURES: dict[str, Callable[[Any], None]] = {
 }
 
 
-def train(graph_break: bool, steps: int = 3) -> tuple[dict[str, int], dict[str, int], list[float]]:
-    """Dynamo's frame and graph-break counters, and the losses, of a compiled model trained for ``steps``."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
+def compiled_run(graph_break: bool, steps: int = 3) -> CompiledRun:
+    """The losses and Dynamo's counters of a ``Net`` compiled with aot_eager and trained for ``steps``."""
     torch.manual_seed(0)
-    model = Net(graph_break)
-    compiled = torch.compile(model, backend="aot_eager")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for _ in range(steps):
-        loss = compiled(torch.randn(4, 8)).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    breaks = {reason.splitlines()[0]: n for reason, n in counters["graph_break"].items()}
-    return dict(counters["frames"]), breaks, losses
+    return train_compiled(Net(graph_break), steps, lambda: (torch.randn(4, 8),), backend="aot_eager")
 
 
 @pytest.mark.parametrize("graph_break", [False, True], ids=["one graph", "graph break"])
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_every_feature_compiles_the_frames_compiled_without_obs(feature, graph_break, tmp_path, native_path):
-    without = train(graph_break)
+    without = compiled_run(graph_break)
     FEATURES[feature](tmp_path)
-    with_obs = train(graph_break)
+    with_obs = compiled_run(graph_break)
     obs.reset_context()
-    assert with_obs[0] == without[0] and with_obs[1] == without[1]
-    assert with_obs[2] == without[2]  # bit for bit
+    assert with_obs.frames == without.frames and with_obs.breaks == without.breaks
+    assert with_obs.losses == without.losses  # bit for bit
 
 
 def test_a_compiled_module_is_recorded_once_under_its_own_name(native_path):

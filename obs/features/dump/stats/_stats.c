@@ -401,7 +401,7 @@ static PyObject *m_reduce(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return Py_BuildValue("(ddddLLLLL)", r.mn, r.mx, r.sum, r.sumsq, r.nan, r.pinf, r.ninf, r.zero, r.negzero);
 }
 
-/* The statistics of `n // repeat` distinct elements repeated `repeat` times, in _NATIVE_ORDER (stats.py):
+/* The statistics of `n // repeat` distinct elements repeated `repeat` times, in _NATIVE_ORDER (tensor_stats.py):
  * (max, min, avg, count, l2norm, nan, +inf, -inf, zero, -zero, +zero), picked by `picks` into out.  max, min and
  * avg are None when no element is finite; l2norm is NaN with a NaN, Inf with an Inf.  The one implementation of
  * these values: tensor_stats.py calls it through `values`, the C++ row recorder through the capsule `_C_API`. */

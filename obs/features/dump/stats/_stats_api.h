@@ -7,7 +7,7 @@
 
 #define OBS_STATS_API_VERSION 2
 
-/* The dtype codes of the statistics pass (stats.py maps torch dtypes to them; bool reads as U8). */
+/* The dtype codes of the statistics pass (tensor_stats.py maps torch dtypes to them; bool reads as U8). */
 enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I64 = 4, I32 = 5, I16 = 6, I8 = 7, U8 = 8 };
 
 #define OBS_STATS_MAX_PICKS 32 /* statistics per record, at most */

@@ -12,7 +12,7 @@ from obs.settings.dump_config import CATEGORY_COLUMNS
 
 __all__ = ["CATEGORY_COLUMNS", "FIXED_COLUMNS", "csv_header"]
 
-#: statistic.csv's fixed columns, byte for byte as the original writes them
+#: statistic.csv's fixed columns, byte for byte as MindSpore writes them
 FIXED_COLUMNS = ("Op Type", "Op Name", "Task ID", "Stream ID", "Timestamp", "IO", "Slot", "Data Size", "Data Type",
                  "Shape")
 

@@ -61,7 +61,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def each_tensor(op: Op, io: str, values: Sequence[Any], sink: Callable[[Op, str, int, torch.Tensor], None]) -> None:
     """``sink(op, io, slot, tensor)`` for every tensor of ``values``; slots follow positions, a list of tensors
-    taking one slot per item (a non-tensor leaves a gap, as in the original)."""
+    taking one slot per item (a non-tensor leaves a gap, as in MindSpore's dump)."""
     slot = 0
     for value in values:
         if isinstance(value, torch.Tensor):

@@ -18,7 +18,7 @@ COMMON = {"dump_mode": 0, "net_name": "Net", "iteration": "all", "saved_data": "
           "kernels": [], "support_device": [0], "statistic_category": ["max", "nan count"]}
 
 
-def train(steps, poisoned_step):
+def train_poisoned_at(steps, poisoned_step):
     """``steps`` training steps; the Poison module makes NaN in step ``poisoned_step`` (counted from 1).  Returns
     the numbers STEP_BEGIN announced."""
     torch.manual_seed(0)
@@ -45,7 +45,7 @@ def test_iteration_n_is_step_n_plus_1_and_ls_shows_both(tmp_path):
            "nan_check": {"enable": True, "path": str(root), "backward": False}}
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     obs.set_context(env_config_path=str(tmp_path / "cfg.json"))
-    assert train(3, poisoned_step=2) == [1, 2, 3]
+    assert train_poisoned_at(3, poisoned_step=2) == [1, 2, 3]
     reader = DumpReader(str(root))
     assert [(s.iteration, s.training_step) for s in reader.steps()] == [(0, 1), (1, 2), (2, 3)]
     [fault] = reader.fault_folders()
@@ -72,7 +72,7 @@ def test_initial_iteration_shifts_the_iterations_not_the_steps(tmp_path, monkeyp
     (tmp_path / "cfg.json").write_text(json.dumps({"nan_check": {"enable": True, "path": str(root),
                                                                  "backward": False}}))
     obs.set_context(env_config_path=str(tmp_path / "cfg.json"))
-    assert train(2, poisoned_step=2) == [1, 2]
+    assert train_poisoned_at(2, poisoned_step=2) == [1, 2]
     reader = DumpReader(str(root))
     assert [(s.iteration, s.training_step) for s in reader.steps()] == [(5, 1), (6, 2)]
     assert [(c.meta["step"], c.iteration) for c in reader.fault_folders()] == [(2, 6)]
@@ -84,7 +84,7 @@ def test_initial_iteration_shifts_the_iterations_not_the_steps(tmp_path, monkeyp
 def test_fault_folders_without_a_data_dump_beside_them_name_no_iteration(tmp_path):
     (tmp_path / "cfg.json").write_text(json.dumps({"nan_check": {"enable": True, "path": str(tmp_path)}}))
     obs.set_context(env_config_path=str(tmp_path / "cfg.json"))
-    train(1, poisoned_step=1)
+    train_poisoned_at(1, poisoned_step=1)
     reader = DumpReader(str(tmp_path))
     [fault] = reader.fault_folders()
     assert fault.meta["step"] == 1 and fault.iteration is None

@@ -16,6 +16,8 @@ from obs.features.graphs.compiles import break_of
 from obs.features.graphs.reader import read_ir
 from obs.features.graphs.summary import list_graphs
 from obs.runtime.torch._adapter import adapter
+from tests import training
+from tests.training import train_compiled
 
 
 class Breaks(torch.nn.Module):
@@ -35,15 +37,10 @@ class Breaks(torch.nn.Module):
 BREAK_LINE = Breaks.forward.__code__.co_firstlineno + 2
 
 
-def train(batches=(2, 2, 3)) -> None:
-    torch._dynamo.reset()
-    model = Breaks()
-    compiled = torch.compile(model, backend="aot_eager")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for n in batches:
-        compiled(torch.randn(n, 4)).sum().backward()
-        opt.step()
-        opt.zero_grad()
+def train_on_batches_of(sizes: tuple[int, ...] = (2, 2, 3)) -> None:
+    """A fresh ``Breaks`` through a plain ``torch.compile`` (aot_eager), a step on a batch of each size in turn."""
+    rows = iter(sizes)
+    train_compiled(Breaks(), len(sizes), lambda: (torch.randn(next(rows), 4),), backend="aot_eager")
 
 
 def index(folder) -> dict:
@@ -57,7 +54,7 @@ def index(folder) -> dict:
 ])
 def test_a_plain_torch_compile_writes_its_graphs_at_each_level(level, stages, tmp_path, capsys):
     obs.set_context(save_graphs=level, save_graphs_path=str(tmp_path))
-    train()
+    train_on_batches_of()
     graphs = [g for g in index(tmp_path)["graphs"] if g["stage"] != "trace"]  # not the eager step's trace graph
     # forward up to the break (frame 0), the rest of forward after it (frame 1); both again for batch 3
     assert [g["compile"] for g in graphs] == [c for c in ("0/0", "1/0", "0/1", "1/1") for _ in stages]
@@ -83,7 +80,7 @@ def test_a_plain_torch_compile_writes_its_graphs_at_each_level(level, stages, tm
 
 def test_graph_breaks_and_recompiles_name_the_users_line_and_the_guard(tmp_path, capsys):
     obs.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
-    train()
+    train_on_batches_of()
     data = index(tmp_path)
     brk, again = data["breaks"]  # the recompiled forward breaks at the same line
     assert brk["compile"] == "0/0" and brk["function"] == "forward" and again["compile"] == "0/1"
@@ -96,7 +93,7 @@ def test_graph_breaks_and_recompiles_name_the_users_line_and_the_guard(tmp_path,
     compiles = data["compiles"]
     assert [c["compile"] for c in compiles] == ["0/0", "1/0", "0/1", "1/1"]
     assert compiles[0]["source"] == f"{__file__}:{Breaks.forward.__code__.co_firstlineno}"
-    assert compiles[0]["called_from"].startswith(f"{__file__}:")  # the training loop's line, not torch's
+    assert compiles[0]["called_from"].startswith(f"{training.__file__}:")  # the training loop's line, not torch's
 
     listing = list_graphs(str(tmp_path))
     assert listing.breaks[0]["source"] == brk["source"] and listing.recompiles[0]["compile"] == "0/1"
@@ -119,7 +116,7 @@ def test_graph_dumps_add_nothing_after_compilation(tmp_path, capsys):
     obs.set_context(save_graphs=3, save_graphs_path=str(tmp_path))
     records: list[str] = []
     with obs.subscribe(Event.COMPILE_RECORD, lambda cid, kind, meta, payload: records.append(kind)):
-        train(batches=(2,))
+        train_on_batches_of((2,))
         assert records
         written = len(list(tmp_path.iterdir()))
     # the same compiled model run again: no record, no file

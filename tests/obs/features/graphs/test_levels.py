@@ -16,6 +16,7 @@ import obs
 from obs.features.graphs import read_ir
 from obs.features.graphs.folder import next_number
 from tests.obs.features.graphs.nets import Net
+from tests.training import train
 
 
 def parse_dot(path: str):
@@ -30,16 +31,10 @@ def parse_dot(path: str):
     return graph
 
 
-def train(steps: int = 2, batch: int = 8) -> None:
+def train_obs_compiled(steps: int = 2, batch: int = 8) -> None:
+    """A fresh ``Net`` through ``obs.compile`` (aot_eager), trained ``steps`` steps that obs detects."""
     torch._dynamo.reset()
-    net = Net()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    model = obs.compile(net, backend="aot_eager")
-    for _ in range(steps):
-        loss = model(torch.randn(batch, 4)).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    train(steps, obs.compile(Net(), backend="aot_eager"), batch=batch, marked=False)
 
 
 def files(folder) -> list[str]:
@@ -77,7 +72,7 @@ def test_each_level_writes_exactly_its_files(tmp_path, level, expected, monkeypa
     folder = tmp_path / "graphs"
     obs.set_context(mode=obs.GRAPH_MODE, save_graphs=level, save_graphs_path=str(folder))
     start = next_number()
-    train()
+    train_obs_compiled()
     if not level:
         assert not folder.exists()
         return
@@ -100,7 +95,7 @@ def test_each_level_writes_exactly_its_files(tmp_path, level, expected, monkeypa
 
 def test_backward_graph_names_and_scopes(tmp_path):
     obs.set_context(mode=obs.GRAPH_MODE, save_graphs=2, save_graphs_path=str(tmp_path))
-    train()
+    train_obs_compiled()
     (bw,) = [f for f in os.listdir(tmp_path) if "aot_backward" in f]
     ir = read_ir(str(tmp_path / bw))
     assert re.fullmatch(r"Net_\d+_backward", ir.entry)

@@ -93,7 +93,8 @@ def fake_cuda(monkeypatch):
     return kineto
 
 
-def _train(steps: int, kineto: FakeKineto | None = None) -> None:
+def train_launching_kernels(steps: int, kineto: FakeKineto | None = None) -> None:
+    """``steps`` steps, each launching a fake kernel on ``kineto`` (when given) at its end."""
     train(steps, after=None if kineto is None else lambda n, loss: kineto.launch(f"gemm_step_{tracker.step}"))
 
 
@@ -112,7 +113,7 @@ def test_a_session_on_cuda_times_steps_phases_and_modules_and_writes_the_gpu_tra
     assert session is not None and "device" in session.ring.rings
     peaks = {"device": "cuda:0", "allocated_bytes.all.peak": 123 << 20, "reserved_bytes.all.peak": 456 << 20}
     monkeypatch.setattr(tracker, "memory_probe", lambda: peaks)
-    _train(6, fake_cuda)
+    train_launching_kernels(6, fake_cuda)
     assert session.device.timer is runtime_device_time.current  # the collectives' wrappers time with it
     obs.reset_context()
     assert runtime_device_time.current is None
@@ -145,7 +146,7 @@ def test_without_cuda_there_is_no_device_ring_no_timer_and_no_thread(tmp_path):
     # a CUDA build run on a CPU (torch's default wheel) keeps a device ring and watches for CUDA coming into use
     assert session is not None
     assert ("device" in session.ring.rings) is session.device.watch is device_recording.cuda_build()
-    _train(3)
+    train_launching_kernels(3)
     assert session.device.timer is None and runtime_device_time.current is None
     assert not [t for t in threading.enumerate() if t.name == "obs-device-time"]
     obs.reset_context()

@@ -17,7 +17,7 @@ import obs
 from obs import profiling
 from obs.cli import main
 from tests.exporters.receiver import Receiver
-from tests.training import train as _train
+from tests.training import train
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[4])  # the repository
 SCRIPT = os.path.join(ROOT, "tests", "exporters", "train_script.py")
@@ -60,7 +60,7 @@ def test_a_session_records_and_its_exporter_writes_the_files_when_it_ends(tmp_pa
     from obs.runtime.torch import adapter
 
     assert adapter.installed["phases"] and adapter.installed["modules"]
-    _train(6)
+    train(6)
     obs.reset_context()
     status = profiling.last_status()
     assert status is not None and status["done"] and status["steps"] == 6 and status["dropped"] == {}
@@ -85,7 +85,7 @@ def test_without_a_subprocess_the_exporter_runs_on_a_thread_and_says_so_once(tmp
     with caplog.at_level(logging.WARNING, logger="obs"):
         for n in (1, 2):
             obs.set_context(enable_profiling=True, profiling_options=json.dumps({"output": str(tmp_path / str(n))}))
-            _train(3)
+            train(3)
             obs.reset_context()
             assert profiling.last_status()["steps"] == 3
     said = [r for r in caplog.records if "no exporter process" in r.getMessage()]
@@ -122,15 +122,15 @@ def test_hot_reload_turns_profiling_on_and_changes_levels(tmp_path):
     obs.set_context(env_config_path=str(config))
     from obs.features.env_config import feature as env_feature
 
-    _train(2)
+    train(2)
     assert profiling.session() is None
     config.write_text(json.dumps({"profiler": {"enable": True, "output": str(tmp_path / "p"),
                                                "options": "training_trace:task_trace"}}))
     assert env_feature.wait_staged(lambda cfg: cfg.values["profiler"]["enable"], 10) is not None
-    _train(1)  # the boundary before its step applies the reload: this step is recorded
+    train(1)  # the boundary before its step applies the reload: this step is recorded
     live = profiling.session()
     assert live is not None and live.request.levels == ("training_trace", "task_trace")
-    _train(3)
+    train(3)
     obs.reset_context()
     from exporters.trace_reader import read_folder
 

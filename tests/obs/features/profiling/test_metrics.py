@@ -86,7 +86,8 @@ def test_obs_scalar_costs_nothing_and_checks_nothing_while_metrics_are_off(tmp_p
     obs.scalar("loss", torch.ones(3))
 
 
-def _train(steps, pause_s=0.0):
+def train_reporting_scalars(steps, pause_s=0.0):
+    """``steps`` steps that report their loss and number through ``obs.scalar``, each held ``pause_s`` more."""
     def scalars(n, loss):
         obs.scalar("loss", loss)
         obs.scalar("step_number", n)
@@ -106,7 +107,7 @@ def test_a_session_serves_its_steps_and_scalars_to_prometheus_while_training(tmp
     assert live is not None and live.request.prometheus == ("127.0.0.1", port)
     with pytest.raises(ValueError, match="one element"):
         obs.scalar("loss", torch.ones(2))
-    last = _train(12, pause_s=0.02)
+    last = train_reporting_scalars(12, pause_s=0.02)
     text, deadline = "", time.monotonic() + 20
     while time.monotonic() < deadline:  # the exporter process finishes the last step once it has settled
         try:
@@ -142,7 +143,7 @@ def test_on_the_thread_fallback_the_endpoint_lives_in_the_trainer_and_goes_with_
                                                "metrics": "prometheus", "prometheus_host": "127.0.0.1",
                                                "prometheus_port": port}}))
     obs.set_context(env_config_path=str(config))
-    _train(3)
+    train_reporting_scalars(3)
     text = ""
     for _ in range(100):
         try:

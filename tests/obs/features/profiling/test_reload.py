@@ -7,7 +7,7 @@ import json
 
 import obs
 from obs import profiling
-from tests.training import train as _train
+from tests.training import train
 
 
 def test_a_reload_that_restarts_the_profiler_loses_no_step_and_keeps_both_sessions_files(tmp_path):
@@ -18,11 +18,11 @@ def test_a_reload_that_restarts_the_profiler_loses_no_step_and_keeps_both_sessio
     config.write_text(json.dumps({"profiler": {"enable": True, "output": str(out)}}))
     obs.set_context(env_config_path=str(config))
     first = profiling.session()
-    _train(4)
+    train(4)
     config.write_text(json.dumps({"profiler": {"enable": True, "output": str(out),
                                                "options": "training_trace:task_trace"}}))
     assert env_feature.wait_staged(lambda cfg: cfg.values["profiler"]["options"] != "training_trace", 10) is not None
-    _train(4)
+    train(4)
     second = profiling.session()
     assert second is not None and second is not first
     obs.reset_context()

@@ -18,6 +18,7 @@ import obs
 from obs.cli import main
 from obs.features.env_config import feature as env_feature
 from recorder.bundle_reader import list_bundles, load_bundle
+from tests.training import mlp, train
 
 
 def enable(tmp_path, **rdr):
@@ -29,16 +30,6 @@ def enable(tmp_path, **rdr):
 
 def rank_dir(tmp_path):
     return tmp_path / "out" / "rank_0" / "rdr"
-
-
-def train(steps=3):
-    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for _ in range(steps):
-        net(torch.randn(2, 4)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    return net
 
 
 def test_dump_when_off_says_how_to_turn_it_on():
@@ -61,7 +52,7 @@ def test_start_and_clean_stop(tmp_path):
 
 def test_manual_dump_holds_a_complete_private_bundle(tmp_path):
     enable(tmp_path)
-    train()
+    train(3, marked=False)
     obs.Print("note", torch.tensor([1.0, 2.0]))
     path = obs.rdr.dump("checkpoint")
     assert os.path.basename(path).endswith(f"_{os.getpid()}_checkpoint")
@@ -88,7 +79,7 @@ def test_hostile_reasons_stay_inside_the_rdr_folder(tmp_path):
 
 def test_small_capacity_wraps_and_counts_what_was_overwritten(tmp_path):
     enable(tmp_path, capacity={"module": 16})
-    train(steps=5)
+    train(5, marked=False)
     b = load_bundle(obs.rdr.dump("manual"))
     assert b.manifest["dropped"]["module"] == 5 * 8 - 16
     assert len(b.events({"module_enter", "module_exit"})) == 16
@@ -122,7 +113,7 @@ def test_collectives_land_in_collectives_jsonl(tmp_path):
 
 def test_granularity_step_records_no_modules(tmp_path):
     enable(tmp_path, granularity="step")
-    train()
+    train(3, marked=False)
     kinds = {e["kind"] for e in load_bundle(obs.rdr.dump("manual")).iter_events()}
     assert "step_end" in kinds and not kinds & {"module_enter", "op"}
 
@@ -193,7 +184,7 @@ def test_forked_workers_leave_the_parents_record_alone(tmp_path):
     assert child.exitcode == -signal.SIGTERM
     assert ring.exists() and (rank_dir(tmp_path) / "marker.json").read_text() == before
     assert not list_bundles(str(tmp_path / "out")).bundles  # the child's SIGTERM did not dump
-    train(steps=1)
+    train(1, marked=False)
     assert load_bundle(obs.rdr.dump("manual")).manifest["step"] == 1
 
 
@@ -268,7 +259,7 @@ def test_what_a_fault_without_an_exception_says_is_its_error(tmp_path):
 @pytest.mark.parametrize("mode,reasons", [(1, []), (2, ["normal_end"])])
 def test_reset_context_ends_the_recording_as_the_process_end_would(tmp_path, mode, reasons):
     enable(tmp_path, mode=mode)
-    train()
+    train(3, marked=False)
     obs.reset_context()  # torchrun and mp.spawn scripts clean up this way
     assert [b.reason for b in list_bundles(str(tmp_path)).bundles] == reasons
     if reasons:
@@ -278,7 +269,7 @@ def test_reset_context_ends_the_recording_as_the_process_end_would(tmp_path, mod
 def test_the_env_config_file_turning_a_mode_2_recorder_off_keeps_its_normal_end_bundle(tmp_path, monkeypatch):
     monkeypatch.setattr(env_feature, "debounce_s", 0.05)
     path = enable(tmp_path, mode=2)
-    train()
+    train(3, marked=False)
     path.write_text(json.dumps({"rdr": {"enable": False, "path": str(tmp_path / "out")}}))
     assert env_feature.wait_staged(lambda cfg: cfg.values["rdr"]["enable"] is False, 10)
     with obs.step():  # the reload is applied at a step boundary
@@ -289,7 +280,8 @@ def test_the_env_config_file_turning_a_mode_2_recorder_off_keeps_its_normal_end_
 
 def test_last_module_is_the_steps_and_none_before_the_step_calls_one(tmp_path, capsys):
     enable(tmp_path)
-    net = train(2)
+    net = mlp(4, 8, 1)
+    train(2, net, marked=False)
     ended = load_bundle(obs.rdr.dump("exception"))
     assert (ended.manifest["step"], ended.manifest["last_module"]) == (2, "Default/net-Sequential/2-Linear")
     opt = torch.optim.SGD(net.parameters(), lr=0.1)

@@ -9,8 +9,8 @@ import torch
 from obs.features.dump import DumpReader
 from obs.features.dump.diff import compare_dumps
 from obs.features.dump.diff.metrics import Tolerance
-from tests.obs.features.dump.diff.test_producer import train
 from tests.obs.features.dump.test_reader_cli import dump_config
+from tests.training import train_under
 
 
 class ConvBN(torch.nn.Module):
@@ -37,7 +37,7 @@ def dump(root, *, compiled=False, lr=0.1, noise=0.0, optimizer=torch.optim.SGD, 
     if zero_fc_weight:
         torch.nn.init.zeros_(net.fc.weight)
     x = torch.randn(2, 3, 6, 6)
-    train(config, net, optimizer(net.parameters(), lr=lr), [x + noise * torch.randn_like(x)], compiled=compiled)
+    train_under(config, net, optimizer(net.parameters(), lr=lr), [x + noise * torch.randn_like(x)], compiled=compiled)
     return root
 
 

@@ -9,13 +9,12 @@ import re
 import pytest
 import torch
 
-import obs
 from obs.features.dump import DumpReader
 from obs.features.dump.diff import compare_dumps, diff_dumps
 from obs.features.dump.diff.metrics import Tolerance
-from obs.runtime.steps import tracker
 from tests.obs.cli.test_cli import obs_cli
 from tests.obs.features.dump.test_reader_cli import dump_config
+from tests.training import train_under
 
 LAYER = re.compile(r"layers-ModuleList_(\d+)")
 
@@ -53,25 +52,8 @@ def dump(root, *, saved="full", lr=1e-3, steps=1, compiled=False, **model):
     torch.manual_seed(0)
     net = MLP(**model)
     opt = torch.optim.SGD(net.parameters(), lr=lr)
-    train(config, net, opt, [torch.randn(8, 16) * 2 for _ in range(steps)], compiled=compiled)
+    train_under(config, net, opt, [torch.randn(8, 16) * 2 for _ in range(steps)], compiled=compiled)
     return root
-
-
-def train(config, net, opt, data, *, compiled=False):
-    """A step of ``net`` per batch of ``data`` with the env config ``config`` in force, compiled with aot_eager when
-    ``compiled``."""
-    run = torch.compile(net, backend="aot_eager") if compiled else net
-    obs.set_context(env_config_path=str(config))
-    try:
-        for x in data:
-            run(x).sum().backward()
-            opt.step()
-            opt.zero_grad()
-    finally:
-        obs.reset_context()
-        tracker.reset()
-        if compiled:
-            torch._dynamo.reset()
 
 
 def layer(op) -> int | None:
