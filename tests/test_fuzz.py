@@ -6,7 +6,8 @@ import pytest
 
 from tests.fuzz import all_targets, run_target
 
-CASES = 250  # per target (a CI-sized smoke run of every reader); `python -m tests.fuzz --cases 200000` for the README's figures
+# per target, a CI-sized smoke run of every reader; `python -m tests.fuzz --cases 200000` for the README's figures
+CASES = 250
 
 
 @pytest.mark.parametrize("target", all_targets(), ids=lambda t: t.name)

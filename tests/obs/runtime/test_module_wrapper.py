@@ -170,7 +170,7 @@ def test_a_function_put_over_the_wrapper_obs_left_in_place_is_called_once_and_ob
     """Once Dynamo is loaded, turning obs off leaves its wrapper in Module.__call__.  A function put over it later
     calls it; turning obs on again must neither call that function from below (a RecursionError on every module
     call: the C wrapper is one configuration) nor drop it."""
-    import torch._dynamo  # noqa: F401 - what makes obs leave its wrapper in place
+    import torch._dynamo  # what makes obs leave its wrapper in place
 
     net = torch.nn.Linear(2, 2)
     with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):
@@ -345,3 +345,4 @@ def test_dynamo_imported_after_the_c_wrapper_still_traces_through_it(impl):
     assert out.returncode == 0, out.stderr
     kind = "method_descriptor" if impl == "c" else "function"
     assert out.stdout.split()[0] == kind and "{} ['Default/net-Sequential']" in out.stdout, out.stdout
+
