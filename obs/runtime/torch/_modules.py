@@ -152,7 +152,8 @@ class ModuleHooks:
         # Someone put a function over our C wrapper since remove() left it; that function calls it.  The C wrapper
         # is one configuration, so a second one on top would call that function as its original, and be called by
         # it again: record beneath it instead, from the kept wrapper, and leave their function on top.
-        self._beneath = bool(_kept) and original is not _kept[1] and not isinstance(_kept[0], types.FunctionType)
+        self._beneath = (bool(_kept) and original is not _kept[1] and not isinstance(_kept[0], types.FunctionType)
+                         and _c_module_call_available())
         if self._beneath:
             original = _kept[1]
         self._original = original
@@ -234,9 +235,6 @@ class ModuleHooks:
             if not self._beneath:
                 torch.nn.Module.__call__ = descriptor  # type: ignore[method-assign]
         else:
-            if self._beneath:  # the Python wrapper goes on top of their function after all
-                self._beneath = False
-                original = self._original = torch.nn.Module.__call__
             from obs.runtime.torch._dynamo_polyfill import skip_frames
 
             skip_frames(obs_module_call.__code__)
@@ -265,20 +263,26 @@ class ModuleHooks:
         _scopes.clear()
 
 
-def _install_c_module_call(original: Any, inline: bool, keep: bool) -> Any:
-    """Configure the C wrapper and return it (a method descriptor of ``Module``), or None where the C hot path
-    is not built or ``OBS_NATIVE_RECORDER=0``."""
+def _c_module_call_available() -> bool:
+    """Whether the C wrapper can be installed here (built, and not switched off by ``OBS_NATIVE_RECORDER=0``)."""
     from recorder.hotpath import hotpath
 
     hot = hotpath()
-    if hot is None or not hasattr(hot, "install_module_call"):
+    return hot is not None and hasattr(hot, "install_module_call")
+
+
+def _install_c_module_call(original: Any, inline: bool, keep: bool) -> Any:
+    """Configure the C wrapper and return it (a method descriptor of ``Module``), or None where the C hot path
+    is not built or ``OBS_NATIVE_RECORDER=0``."""
+    if not _c_module_call_available():
         return None
     import torch.compiler
 
     from obs._core.internal import report_internal_error as report
     from obs.runtime.torch._dynamo_polyfill import teach_dynamo
+    from recorder.hotpath import hotpath
 
-    descriptor = hot.install_module_call(
+    descriptor = hotpath().install_module_call(
         module_type=torch.nn.Module, original=original, inline=inline, state=SUPPRESSION,
         compiler_globals=vars(torch.compiler), scopes=_scopes,
         scope_of=lambda module, stack: _scope_of(module, stack, keep), tracker=tracker,
