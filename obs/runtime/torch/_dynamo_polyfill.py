@@ -29,7 +29,9 @@ from obs._core.after_import import after_import
 __all__ = ["hidden_from_dynamo", "skip_frames", "teach_dynamo"]
 
 logger = logging.getLogger("obs")
-_original: list[Any] = [None]  # the Module.__call__ obs replaced, read by the stand-in when Dynamo traces
+# [obs's C Module.__call__, the Module.__call__ it calls]: read by the stand-in when Dynamo traces, and when a
+# module is wrapped by torch.compile
+_original: list[Any] = [None, None]
 _registered: set[int] = set()
 
 
@@ -38,17 +40,20 @@ def _register(descriptor: Any) -> None:
         return
     _registered.add(id(descriptor))
     try:
+        import torch
         from torch._dynamo.decorators import substitute_in_graph
 
-        original = _original[0]
-        if isinstance(original, types.FunctionType):
+        torch_call = torch.nn.Module._wrapped_call_impl
+        if _original[1] is torch_call:
             # A copy of torch's own function (its code, file and line): the frame Dynamo shows in "from user
-            # code" tracebacks is torch's `_wrapped_call_impl`, as without obs, never a frame of obs's.
-            stand_in = types.FunctionType(original.__code__, original.__globals__, original.__name__,
-                                          original.__defaults__, original.__closure__)
+            # code" tracebacks is torch's `_wrapped_call_impl`, as without obs, never a frame of obs's.  It is
+            # registered once per process: were obs installed later over someone else's Module.__call__, Dynamo
+            # would trace torch's call beneath theirs, never a stale function of theirs.
+            stand_in = types.FunctionType(torch_call.__code__, torch_call.__globals__, torch_call.__name__,
+                                          torch_call.__defaults__, torch_call.__closure__)
         else:
             def stand_in(module: Any, *args: Any, **kwargs: Any) -> Any:
-                return _original[0](module, *args, **kwargs)
+                return _original[1](module, *args, **kwargs)
         substitute_in_graph(descriptor, skip_signature_check=True)(stand_in)
     except Exception as exc:  # noqa: BLE001 - compiled models still run, with a graph break per module call
         logger.warning("obs: torch.compile will break its graphs at every module call while obs records modules "
@@ -59,8 +64,9 @@ def _after_dynamo(then: Any) -> None:
     after_import("torch._dynamo", then)
 
 
-def _compile_torch_call(original: Any) -> None:
-    """Have ``OptimizedModule`` compile torch's ``Module.__call__`` (``original``), not obs's, when it is made."""
+def _compile_torch_call() -> None:
+    """Have ``OptimizedModule`` compile the ``Module.__call__`` obs's C wrapper calls, not the C wrapper, when it is
+    made while that wrapper is ``Module.__call__`` (whatever obs wraps at that moment)."""
     try:
         import torch
         from torch._dynamo.eval_frame import OptimizedModule
@@ -72,8 +78,8 @@ def _compile_torch_call(original: Any) -> None:
         return
 
     def _initialize(self: Any) -> None:
-        installed = torch.nn.Module.__call__
-        if installed is original:
+        installed, (ours, original) = torch.nn.Module.__call__, _original
+        if installed is not ours or original is None:
             return initialize(self)
         torch.nn.Module.__call__ = original  # only while the wrapper binds its forward
         try:
@@ -88,9 +94,9 @@ def _compile_torch_call(original: Any) -> None:
 def teach_dynamo(descriptor: Any, original: Any) -> None:
     """Make Dynamo inline ``original`` where it meets ``descriptor`` (obs's C ``Module.__call__``), and compile
     modules wrapped by ``torch.compile`` from ``original``."""
-    _original[0] = original
+    _original[:] = [descriptor, original]
     _after_dynamo(lambda: _register(descriptor))
-    _after_dynamo(lambda: _compile_torch_call(original))
+    _after_dynamo(_compile_torch_call)
 
 
 def _skip(code: Any, recursive: bool) -> None:

@@ -346,3 +346,35 @@ def test_dynamo_imported_after_the_c_wrapper_still_traces_through_it(impl):
     kind = "method_descriptor" if impl == "c" else "function"
     assert out.stdout.split()[0] == kind and "{} ['Default/net-Sequential']" in out.stdout, out.stdout
 
+
+
+def test_a_function_taken_off_module_call_before_dynamo_is_imported_is_not_called_by_compiled_modules(impl):
+    """What Dynamo and ``torch.compile(module)`` are taught (on Dynamo's first import, once per process) is what the C
+    wrapper calls when they run, not what it called when obs first turned on: a function someone put on
+    Module.__call__ while obs was on, and took away before that import, is never called again (a fresh process)."""
+    import subprocess
+    import sys
+
+    if impl != "c":
+        pytest.skip("only the C wrapper is taught to Dynamo (the Python one is a frame it inlines)")
+    script = (
+        "import sys, torch, obs\n"
+        "calls, torch_call = [], torch.nn.Module.__call__\n"
+        "def theirs(module, *args, **kwargs):\n"
+        "    calls.append(type(module).__name__)\n"
+        "    return torch_call(module, *args, **kwargs)\n"
+        "torch.nn.Module.__call__ = theirs\n"
+        "with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: None):\n"
+        "    torch.nn.Linear(4, 4)(torch.randn(2, 4))\n"
+        "torch.nn.Module.__call__ = torch_call\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "import torch._dynamo\n"
+        "scopes = []\n"
+        "with obs.subscribe(obs.Event.MODULE_ENTER, lambda scope, module: scopes.append(scope)):\n"
+        "    compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 4)), backend='eager')\n"
+        "    compiled(torch.randn(2, 4)); compiled(torch.randn(2, 4))\n"
+        "from torch._dynamo.utils import counters\n"
+        "print(dict(counters['graph_break']), sorted(set(scopes)), calls)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "{} ['Default/net-Sequential'] ['Linear']", out.stdout
