@@ -64,7 +64,7 @@ def rdr(granularity: str, pure_python: bool = False, native: bool = True):
         os.environ["OBS_NATIVE_OPS"] = "1" if native else "0"
         obs.set_context(env_config_path=path)
         live = obs.rdr.recorder()
-        assert live is not None and (granularity in ("off", "step") or bool(live._subs.writers) is not pure_python)
+        assert live is not None and (granularity in ("off", "step") or bool(_c_writers(live)) is not pure_python)
         if granularity == "op":
             from recorder import native_ops
 
@@ -75,6 +75,12 @@ def rdr(granularity: str, pure_python: bool = False, native: bool = True):
             del os.environ["OBS_NATIVE_RECORDER"], os.environ["OBS_NATIVE_OPS"]
         return teardown
     return setup
+
+
+def _c_writers(live) -> list:
+    """The recorder's C ring writers (a tree from before the ring handlers' move, ab.py's base: ``_writers``)."""
+    subs = live._subs
+    return subs.writers if hasattr(subs, "writers") else live._writers
 
 
 def profiler(export: bool):
@@ -202,7 +208,7 @@ def module_record_cost(rounds: int) -> dict[str, float]:
     return {name: us / 11 for name, us in costs.items()}
 
 
-def child(rounds: int, only: list[str] | None = None) -> dict[str, object]:
+def child(rounds: int, only: list[str] | None = None, steps_only: bool = False) -> dict[str, object]:
     pin_to_one_core()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -215,6 +221,8 @@ def child(rounds: int, only: list[str] | None = None) -> dict[str, object]:
         out[workload.name] = {name: statistics.median(values) for name, values in per_round.items()}
         out[f"{workload.name} paired"] = paired_ratios(per_round, "plain")
         out[f"{workload.name} ops"] = {"dispatch": ops_per_step(workload), "native": native_ops_per_step(workload)}
+    if steps_only:  # ab.py: the training steps alone
+        return out
     out["op record"] = op_record_cost(max(3, rounds // 2))
     out["module record"] = module_record_cost(max(3, rounds // 2))
     out["dump"] = dump_full_rings(5)
@@ -250,7 +258,7 @@ def instructions(only: list[str], out: str) -> None:
         raise SystemExit(f"--instructions: {why}")
     from recorder import native_ops
 
-    print(f"native op observer: {native_ops.EXTENSION.build()}", file=sys.stderr)
+    print(f"native op observer: {_build_op_observer(native_ops)}", file=sys.stderr)
     names = ("mlp", "cnn")
     counts = run_counted([[os.path.abspath(__file__), "--count-child", w, "--variants", "|".join(only)]
                           for w in names])
@@ -264,6 +272,11 @@ def instructions(only: list[str], out: str) -> None:
     with open(out, "w") as fh:
         json.dump(data, fh, indent=2)
     print(f"wrote {out}")
+
+
+def _build_op_observer(native_ops) -> str:
+    """Build the native op observer before timing; a tree from before ``obs native`` (ab.py's base) has ``build()``."""
+    return getattr(native_ops, "EXTENSION", native_ops).build()
 
 
 def main() -> None:
@@ -280,6 +293,7 @@ def main() -> None:
                         help=f"count instructions per step under callgrind instead (needs valgrind; variants: "
                              f"--variants, else {'|'.join(COUNTED)})")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--steps-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--count-child", choices=("mlp", "cnn"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     only = ["plain"] + [v for v in args.variants.split("|") if v and v != "plain"] if args.variants else None
@@ -291,11 +305,11 @@ def main() -> None:
         instructions(only or list(COUNTED), args.out)
         return
     if args.child:
-        print(json.dumps(child(args.rounds, only)))
+        print(json.dumps(child(args.rounds, only, args.steps_only)))
         return
     from recorder import native_ops
 
-    print(f"native op observer: {native_ops.EXTENSION.build()}", file=sys.stderr)  # built once, before timing
+    print(f"native op observer: {_build_op_observer(native_ops)}", file=sys.stderr)  # built once, before timing
     runs = in_processes(__file__, ["--rounds", str(args.rounds), "--variants", args.variants], args.processes,
                         env=None if args.default_malloc else STEADY_MALLOC)
     steps = [{w: run[w] for w in ("mlp", "cnn")} for run in runs]
