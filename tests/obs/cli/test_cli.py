@@ -213,11 +213,32 @@ def test_demo_trains_and_reports(tmp_path):
     assert data["last_loss"] < data["first_loss"]
 
 
+@pytest.fixture(scope="module", name="demo_with_settings")
+def _demo_with_settings(tmp_path_factory):
+    """``obs demo`` with settings, as a user reads it (human output): compiled (mode=0) and profiled, without the
+    caller's OTEL_* (the trace goes to ./obs_profile); the folder it ran in and its result."""
+    folder = tmp_path_factory.mktemp("demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(NO_COLOR="1", COLUMNS="120")
+    result = subprocess.run([sys.executable, "-m", "obs", "demo", "--steps", "12", "--set", "mode=0", "--set",
+                             "enable_profiling=true", "--set", "profiling_options=training_trace:task_trace"],
+                            capture_output=True, text=True, cwd=folder, env=env, timeout=300)
+    return folder, result
+
+
 @pytest.mark.slow
-def test_demo_human_output_names_the_next_command(tmp_path):
-    result = obs_process("demo", "--steps", "3", "--set", "mode=0", cwd=tmp_path)
+def test_demo_human_output_names_the_next_command(demo_with_settings):
+    _, result = demo_with_settings
     assert result.returncode == 0, result.stderr
     assert "obs demo" in result.stdout and "Next:" in result.stdout and "mode=0" in result.stdout
+
+
+def test_obs_demo_with_profiling_says_where_the_trace_went(demo_with_settings):
+    """(The profiler's, tests/obs/features/profiling/test_feature.py: here, to share the demo's run.)"""
+    folder, result = demo_with_settings
+    assert result.returncode == 0, result.stderr
+    assert "12 steps" in result.stderr and "trace.json" in result.stderr
+    assert (folder / "obs_profile" / "rank_0" / "trace.json").exists()
 
 
 def test_a_closed_pipe_ends_rich_output_quietly(tmp_path):
@@ -229,17 +250,34 @@ def test_a_closed_pipe_ends_rich_output_quietly(tmp_path):
     assert result.returncode == 0 and result.stderr == ""
 
 
-def test_run_says_on_stderr_which_files_obs_wrote(tmp_path):
-    config = tmp_path / "obs.json"
-    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
-    (tmp_path / "boom.py").write_text("import obs\nobs.Print('hello')\nraise RuntimeError('boom')\n")
-    result = obs_process("run", "--config", str(config), "--set", f"print_file_path={tmp_path / 'p.pb'}", "boom.py",
-                         cwd=tmp_path)
+@pytest.fixture(scope="module", name="raised")
+def _raised(tmp_path_factory):
+    """``obs run`` with the recorder on and a print file, of a script that prints, ends a step and raises; the
+    folder it ran in and its result."""
+    folder = tmp_path_factory.mktemp("raised")
+    config = folder / "obs.json"
+    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(folder / "rdr")}}))
+    (folder / "boom.py").write_text("import obs\nobs.Print('hello')\nwith obs.step():\n    pass\n"
+                                    "raise KeyError('missing shard 7')\n")
+    return folder, obs_process("run", "--config", str(config), "--set", f"print_file_path={folder / 'p.pb'}",
+                               "boom.py", cwd=folder)
+
+
+def test_run_says_on_stderr_which_files_obs_wrote(raised):
+    tmp_path, result = raised
     assert result.returncode == 1
     assert f"obs: wrote print file: {tmp_path / 'p.pb'}" in result.stderr
     bundle = next(line for line in result.stderr.splitlines() if line.startswith("obs: wrote RDR bundle: "))
     assert os.path.isfile(os.path.join(bundle.split(": ", 2)[2], "manifest.json"))
     assert f"obs: wrote RDR marker: {tmp_path / 'rdr' / 'rank_0' / 'rdr' / 'marker.json'}" in result.stderr
+
+
+def test_obs_run_hands_uncaught_exceptions_to_the_recorder(raised):
+    """(An ``obs rdr`` test, tests/obs/cli/test_rdr_cli.py: here, to share the run.)"""
+    tmp_path, result = raised
+    assert result.returncode == 1 and "KeyError: 'missing shard 7'" in result.stderr
+    data = json.loads(obs_cli("rdr", "show", str(tmp_path / "rdr"), "--json").stdout)["manifest"]
+    assert data["reason"] == "exception" and data["exception"]["type"] == "KeyError" and data["step"] == 1
 
 
 def test_run_names_the_bundle_and_marker_of_a_recorder_started_by_the_environment(tmp_path):

@@ -84,17 +84,6 @@ def test_demo_fail_at_leaves_a_bundle_to_show(tmp_path):
     assert shown["versions"]["torch"].startswith("2.")
 
 
-def test_obs_run_hands_uncaught_exceptions_to_the_recorder(tmp_path):
-    config = tmp_path / "obs_config.json"
-    config.write_text(json.dumps({"rdr": {"enable": True, "path": str(tmp_path / "rdr")}}))
-    script = tmp_path / "train.py"
-    script.write_text("import obs\nwith obs.step():\n    pass\nraise KeyError('missing shard 7')\n")
-    result = obs_process("run", "--config", str(config), str(script))
-    assert result.returncode == 1 and "KeyError: 'missing shard 7'" in result.stderr
-    data = json.loads(obs_cli("rdr", "show", str(tmp_path / "rdr"), "--json").stdout)["manifest"]
-    assert data["reason"] == "exception" and data["exception"]["type"] == "KeyError" and data["step"] == 1
-
-
 # -- issue 9 / 10: conventions of `obs rdr` ---------------------------------------------------------
 @pytest.fixture(scope="module", name="op_run")
 def _op_run(tmp_path_factory):

@@ -253,18 +253,50 @@ def test_compiled_module_records_each_call_site_inlined_frames_too(tmp_path):
         ("forward", f"{__file__}:{forward_line}"), ("helper", f"{__file__}:{helper_line}")]
 
 
-def test_a_kill_right_after_print_loses_nothing(tmp_path):
-    path = tmp_path / "print.pb"
+_LIMIT = 60_000  # the disk-full test's file size limit (RLIMIT_FSIZE)
+
+
+@pytest.fixture(scope="module", name="printed_then_killed")
+def _printed_then_killed(tmp_path_factory):
+    """One process for two tests (its start-up, torch's import, is most of its cost): it prints into a file
+    until the file is full (RLIMIT_FSIZE) and reports, resets the context and lifts the limit, then prints 50
+    records into a second file and SIGKILLs itself right after.  The folder (full.pb, killed.pb) and the result."""
+    folder = tmp_path_factory.mktemp("print-subprocess")
     script = textwrap.dedent(f"""
-        import os, signal, numpy as np, obs
-        obs.set_context(print_file_path={str(path)!r})
+        import json, os, resource, signal, warnings
+        import numpy as np
+        import obs
+        from obs.features.printing import feature
+        from printsink.writer import PrintFileFullWarning
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({_LIMIT}, hard))
+        obs.set_context(print_file_path={str(folder / "full.pb")!r})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(40):
+                obs.Print("i", i, np.full(1500 + 700 * (i % 3), i, dtype=np.float32))
+            obs.Print("tiny")  # fits again once the torn record is cut off
+        writer = feature.writer
+        print(json.dumps(dict(records=writer.records, dropped=writer.dropped_records, bytes=writer.bytes,
+                              dropped_bytes=writer.dropped_bytes,
+                              warnings=[str(w.category.__name__) for w in caught],
+                              errors=obs.internal_error_counts())))
+        obs.reset_context()
+        print("full: done", flush=True)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+        obs.set_context(print_file_path={str(folder / "killed.pb")!r})
         for i in range(50):
             obs.Print("i", i, np.full(10_000, i, dtype=np.float32))
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    return folder, subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+
+def test_a_kill_right_after_print_loses_nothing(printed_then_killed):
+    folder, result = printed_then_killed
     assert result.returncode == -signal.SIGKILL
-    assert [int(c.values[1]) for c in iter_print(path)] == list(range(50))
+    assert [int(c.values[1]) for c in iter_print(folder / "killed.pb")] == list(range(50))
 
 
 def test_a_fault_fsyncs_the_print_file(tmp_path, monkeypatch):
@@ -280,37 +312,16 @@ def test_a_fault_fsyncs_the_print_file(tmp_path, monkeypatch):
 
 # --- disk full: the file keeps every whole record, Print never raises into the loop -------------------------------
 
-def test_disk_full_cuts_back_to_the_last_whole_record_and_warns_once(tmp_path):
-    path = tmp_path / "print.pb"
-    limit = 60_000
-    script = textwrap.dedent(f"""
-        import json, resource, signal, warnings
-        import numpy as np
-        import obs
-        from obs.features.printing import feature
-        from printsink.writer import PrintFileFullWarning
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
-        obs.set_context(print_file_path={str(path)!r})
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for i in range(40):
-                obs.Print("i", i, np.full(1500 + 700 * (i % 3), i, dtype=np.float32))
-            obs.Print("tiny")  # fits again once the torn record is cut off
-        writer = feature.writer
-        print(json.dumps(dict(records=writer.records, dropped=writer.dropped_records, bytes=writer.bytes,
-                              dropped_bytes=writer.dropped_bytes,
-                              warnings=[str(w.category.__name__) for w in caught],
-                              errors=obs.internal_error_counts())))
-        obs.reset_context()
-    """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+def test_disk_full_cuts_back_to_the_last_whole_record_and_warns_once(printed_then_killed):
+    folder, result = printed_then_killed
+    path = folder / "full.pb"
+    said = result.stdout.splitlines()
+    assert said[1:2] == ["full: done"], result.stderr  # then the kill test's part
+    report = json.loads(said[0])
     assert report["warnings"] == ["PrintFileFullWarning"] and report["errors"] == {}
     assert report["dropped"] >= 1 and report["records"] + report["dropped"] == 41
     calls = list(iter_print(path))  # strict: no torn record anywhere
-    assert len(calls) == report["records"] and os.path.getsize(path) == report["bytes"] <= limit
+    assert len(calls) == report["records"] and os.path.getsize(path) == report["bytes"] <= _LIMIT
     numbers = [int(c.values[1]) for c in calls if len(c.values) == 3]
     assert numbers == list(range(len(numbers))) and calls[-1].values == ["tiny"]
     assert "dropped" in result.stderr and f"{report['dropped']} record(s)" in result.stderr

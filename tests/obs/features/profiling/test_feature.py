@@ -1,5 +1,5 @@
 """The profiler through the public API and the CLI: settings and their errors, a session's life, hot reload,
-obs run / obs demo, obs trace export, and the in-process fallback."""
+obs run, obs trace export, and the in-process fallback (obs demo's: tests/obs/cli/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -156,13 +156,3 @@ def test_obs_run_prints_the_summary_and_obs_trace_export_resends_the_files(tmp_p
         receiver.stop()
     spans = receiver.spans()
     assert sum(s["name"] == "step" for s in spans) == 8 and spans[0]["resource"]["ml.rank"] == 0
-
-
-def test_obs_demo_with_profiling_says_where_the_trace_went(tmp_path):
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-m", "obs", "demo", "--steps", "12", "--set", "enable_profiling=true",
-                          "--set", "profiling_options=training_trace:task_trace"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr
-    assert "12 steps" in out.stderr and "trace.json" in out.stderr
-    assert (tmp_path / "obs_profile" / "rank_0" / "trace.json").exists()
