@@ -74,10 +74,24 @@ def compiled_run(graph_break: bool, steps: int = 3) -> CompiledRun:
     return train_compiled(Net(graph_break), steps, lambda: (torch.randn(4, 8),), backend="aot_eager")
 
 
+@pytest.fixture(scope="module")
+def without_obs() -> Callable[[bool], CompiledRun]:
+    """``without_obs(graph_break)``: :func:`compiled_run` with obs off, run once for the module (it is the same
+    for every feature and path)."""
+    done: dict[bool, CompiledRun] = {}
+
+    def get(graph_break: bool) -> CompiledRun:
+        if graph_break not in done:
+            done[graph_break] = compiled_run(graph_break)
+        return done[graph_break]
+    return get
+
+
 @pytest.mark.parametrize("graph_break", [False, True], ids=["one graph", "graph break"])
 @pytest.mark.parametrize("feature", list(FEATURES))
-def test_every_feature_compiles_the_frames_compiled_without_obs(feature, graph_break, tmp_path, native_path):
-    without = compiled_run(graph_break)
+def test_every_feature_compiles_the_frames_compiled_without_obs(feature, graph_break, tmp_path, native_path,
+                                                                 without_obs):
+    without = without_obs(graph_break)
     FEATURES[feature](tmp_path)
     with_obs = compiled_run(graph_break)
     obs.reset_context()

@@ -1,9 +1,10 @@
 """The data dump and the NaN check inside Inductor-compiled graphs (the graphs compute their own statistics).
 
-Inductor keeps worker threads for the rest of a process, so each case runs in a process of its own: a
-script trains a small model compiled with Inductor, without obs and with the feature on, and prints JSON.  Each
-case runs once for the module (``case``): the tests of the path read after the step compare against the same runs
-as the tests of the immediate path (a run compiles for 10-60 s).
+One script trains a small model compiled with Inductor, without obs and with a feature on, for every case, and
+prints JSON.  The cases run one after the other in one process of their own (Inductor keeps worker threads for the
+rest of a process), once for the module (``case``): the tests of the path read after the step compare against the
+same runs as the tests of the immediate path.  Each model variant is trained without obs once, before obs is first
+turned on in that process.
 """
 
 from __future__ import annotations
@@ -17,18 +18,9 @@ import sys
 import pytest
 
 SCRIPT = r'''
-import json, os, sys
+import functools, json, os, sys
 import torch, obs
-
-feature, folder, graph_break = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-if sys.argv[4] == "1":  # the graphs' statistics and the eager gates read after the step, as on CUDA
-    import functools
-    from obs.features.dump.nan import check as nan_check
-    from obs.features.dump.nan import device_flags
-    from obs.runtime.torch import _graph_taps
-    os.environ["OBS_NATIVE_DUMP"] = "0"  # the C++ module check reads CPU tensors where they are made
-    _graph_taps.DEFER_CPU = True
-    nan_check.DeviceFlags = functools.partial(device_flags.DeviceFlags, cpu=True)
+from obs.runtime.steps import tracker
 
 class Masked(torch.nn.Module):
     """Attention's causal mask: -inf by design, built from the shape alone (no data of the step)."""
@@ -38,28 +30,29 @@ class Masked(torch.nn.Module):
         return torch.softmax(x + mask, -1)
 
 class Net(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, feature, graph_break):
         super().__init__()
         self.fc1 = torch.nn.Linear(8, 16)
         self.fc2 = torch.nn.Linear(16, 4)
         self.attn1, self.attn2 = Masked(), Masked()
+        self.feature, self.graph_break = feature, graph_break
 
     def forward(self, x):
         h = torch.relu(self.fc1(x))
-        if graph_break:
+        if self.graph_break:
             torch._dynamo.graph_break()
-        if feature == "nan":
+        if self.feature == "nan":
             h = torch.log(h - 1.0)  # NaN wherever h < 1
-        if feature == "mask":
+        if self.feature == "mask":
             h = self.attn2(self.attn1(h))
         return self.fc2(h)
 
-def train(steps=2, reference=False):
+def train(feature, graph_break, steps=2, reference=False):
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    model = Net()
+    model = Net(feature, graph_break)
     compiled = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses, relu = [], []
@@ -75,47 +68,68 @@ def train(steps=2, reference=False):
         losses.append(loss.item())
     return losses, dict(counters["frames"]), relu
 
-plain, plain_frames, relu = train(reference=True)
-env = {"dump": {"common_dump_settings": {"dump_mode": 0, "path": folder, "net_name": "Net", "iteration": "all",
-                "saved_data": "statistic", "input_output": 2, "kernels": [], "support_device": [0],
-                "statistic_category": ["max", "min", "avg", "l2norm", "nan count"]}}} if feature == "dump" else \
-      {"nan_check": {"enable": True, "path": folder}}  # nan, mask
-path = os.path.join(folder, "env.json")
-with open(path, "w") as f:
-    json.dump(env, f)
-obs.set_context(env_config_path=path)
-with_obs, frames, _ = train()
-obs.reset_context()
-stats = [[float(r.max()), float(r.min()), float(r.mean()), float(r.norm())] for r in relu]
-print(json.dumps({"plain": plain, "with_obs": with_obs, "plain_frames": plain_frames, "frames": frames,
-                  "relu": stats}))
+def read_later():
+    """From here on the graphs' statistics and the eager gates are read after the step, as on CUDA."""
+    from obs.features.dump.nan import check as nan_check
+    from obs.features.dump.nan import device_flags
+    from obs.runtime.torch import _graph_taps
+    os.environ["OBS_NATIVE_DUMP"] = "0"  # the C++ module check reads CPU tensors where they are made
+    _graph_taps.DEFER_CPU = True  # read as a graph runs: a graph Inductor cached earlier in this process goes too
+    nan_check.DeviceFlags = functools.partial(device_flags.DeviceFlags, cpu=True)
+
+cases = json.loads(sys.argv[1])  # [feature, folder, graph_break, defer] each, those read after the step last
+plain = {}
+for feature, _, graph_break, _ in cases:  # each model without obs, before obs is first on in this process
+    if (feature, graph_break) not in plain:
+        plain[feature, graph_break] = train(feature, graph_break, reference=True)
+out = []
+for feature, folder, graph_break, defer in cases:
+    if defer:
+        read_later()
+    env = {"dump": {"common_dump_settings": {
+        "dump_mode": 0, "path": folder, "net_name": "Net", "iteration": "all", "saved_data": "statistic",
+        "input_output": 2, "kernels": [], "support_device": [0],
+        "statistic_category": ["max", "min", "avg", "l2norm", "nan count"]}}} if feature == "dump" else \
+          {"nan_check": {"enable": True, "path": folder}}  # nan, mask
+    path = os.path.join(folder, "env.json")
+    with open(path, "w") as f:
+        json.dump(env, f)
+    obs.set_context(env_config_path=path)
+    with_obs, frames, _ = train(feature, graph_break)
+    obs.reset_context()
+    tracker.reset()  # the next case counts its steps from 1 again, as a process of its own would
+    losses, plain_frames, relu = plain[feature, graph_break]
+    stats = [[float(r.max()), float(r.min()), float(r.mean()), float(r.norm())] for r in relu]
+    out.append({"plain": losses, "with_obs": with_obs, "plain_frames": plain_frames, "frames": frames,
+                "relu": stats})
+print(json.dumps(out))
 '''
 
-
-def run(tmp_path, cache: str, feature: str, graph_break: bool = False, defer: bool = False) -> dict:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
-    done = subprocess.run([sys.executable, str(script), feature, str(tmp_path), "1" if graph_break else "0",
-                           "1" if defer else "0"],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+#: (feature, graph_break, defer): every case a test reads; those read after the step last (the setting stays)
+CASES = [("dump", False, False), ("dump", True, False), ("nan", False, False), ("mask", False, False),
+         ("dump", False, True), ("nan", False, True)]
 
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory, inductor_cache):
-    """``case(feature, graph_break=False, defer=False)``: (its folder, its output), run once for the module."""
-    done: dict[tuple[str, bool, bool], tuple] = {}
+    """``case(feature, graph_break=False, defer=False)``: (its folder, its output); every case runs in one process,
+    once for the module."""
+    root = tmp_path_factory.mktemp("compiled")
+    folders = [root / f"{f}-{'break' if b else 'one'}-{'later' if d else 'now'}" for f, b, d in CASES]
+    for folder in folders:
+        folder.mkdir()
+    script = root / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": inductor_cache}
+    cases = [[f, str(folder), b, d] for (f, b, d), folder in zip(CASES, folders, strict=True)]
+    done = subprocess.run([sys.executable, str(script), json.dumps(cases)], capture_output=True, text=True,
+                          timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    outs = json.loads(done.stdout.strip().splitlines()[-1])
+    found = dict(zip(CASES, zip(folders, outs, strict=True), strict=True))
 
     def get(feature: str, graph_break: bool = False, defer: bool = False):
-        key = (feature, graph_break, defer)
-        if key not in done:
-            folder = tmp_path_factory.mktemp(f"{feature}-{'break' if graph_break else 'one'}-"
-                                             f"{'later' if defer else 'now'}")
-            done[key] = folder, run(folder, inductor_cache, feature, graph_break, defer)
-        return done[key]
+        return found[feature, graph_break, defer]
     return get
 
 
