@@ -190,7 +190,11 @@ def test_a_kill_during_a_dump_leaves_no_half_bundle(tmp_path):
     try:
         while proc.stdout.readline().strip() != "DUMPING":
             pass
-        time.sleep(1.0)
+        # killed once a few dumps are on disk, however long a loaded machine takes to write them: the loop is then
+        # in its next dump
+        deadline = time.monotonic() + 60
+        while len(list_bundles(str(tmp_path / "rdr")).bundles) <= 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         proc.kill()
         proc.wait()
