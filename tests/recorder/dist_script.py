@@ -8,18 +8,23 @@ Usage: torchrun --nproc-per-node N dist_script.py CONFIG PIDS_DIR SCENARIO
 Each step: the gradients of a small net all_reduced (4 collectives), then the loss all_reduced and
 a stop flag broadcast from rank 0.
 
-clean: also a subgroup {0, last} passed by position, an async all_reduce, a send/recv pair.
+clean: also a subgroup {0, last} passed by position, an async all_reduce, a send/recv pair each way between ranks 0
+    and 1.  Ranks 0 and 2 record through the recorder's C hot path, ranks 1 and 3 through its Python handlers
+    (OBS_NATIVE_RECORDER=0): with 4 ranks each path has a rank in the subgroup and one out of it, one in the pair and
+    one out of it.
 skip: the last rank skips step 3's loss all_reduce (it goes on to the broadcast).
 size: rank 1 all_reduces its loss as 2 numbers at step 3.
 raises: rank 1 raises in its data loading at step 3.
-kill: rank 1 SIGKILLs itself at step 3, once rank 0 waits in step 3's first collective.
+kill: rank 1 SIGKILLs itself at step 3, once rank 0 waits in step 3's first collective (rank 1 on the C hot path,
+    rank 0 on the Python handlers; ddp_kill the other way round).
 nan: rank 1's batch at step 3 is NaN (the NaN check finds it there; the all_reduce spreads it to rank 0).
-ddp: the net is a DistributedDataParallel (its bucket all_reduces), no explicit gradient reduction.
-ddp_stall: ddp, and rank 1 stalls 5 s in its data loading at step 3 (rank 0 waits in the bucket all_reduce).
+ddp: the net is a DistributedDataParallel (its bucket all_reduces), no explicit gradient reduction; rank 1 without
+    PyTorch's Flight Recorder (TORCH_FR_BUFFER_SIZE=0: obs records its buckets through a Python communication hook).
 ddp_kill: ddp, and rank 1 SIGKILLs itself at step 3 as in kill (its ring holds the bucket all_reduces it issued).
 ddp_kill_first: ddp, and rank 1 SIGKILLs itself at step 3 while rank 0 is still in its data loading (torchrun
     stops rank 0 before it waits on rank 1: no collective disagrees).
-ddp_hang: ddp, and rank 1 stalls 12 s there: rank 0's bucket all_reduce times out (gloo, 6 s) in its backward.
+ddp_hang: ddp, and rank 1 stalls 12 s there: rank 0's watchdog (op_timeout 2 s) dumps a hang while it waits in the
+    bucket all_reduce, then that all_reduce times out (gloo, 6 s) in its backward.
 """
 
 from __future__ import annotations
@@ -42,6 +47,16 @@ if __name__ == "__main__" and scenario == "launcher" and "LOCAL_RANK" not in os.
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", LOCAL_RANK="0")
     subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env={**os.environ, "LOCAL_RANK": "1"})
 
+#: the ranks whose recorder takes its Python handlers (OBS_NATIVE_RECORDER=0), the others its C hot path
+PYTHON_RANKS = {"clean": ("1", "3"), "kill": ("0",), "ddp_kill": ("1",)}
+if scenario in PYTHON_RANKS:  # torchrun gives every rank one environment: each rank sets its own switch
+    for name in ("OBS_NATIVE", "OBS_NATIVE_RECORDER"):
+        os.environ.pop(name, None)
+    if os.environ["RANK"] in PYTHON_RANKS[scenario]:
+        os.environ["OBS_NATIVE_RECORDER"] = "0"
+if scenario == "ddp" and os.environ["RANK"] == "1":
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "0"  # before obs sets its own size
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -62,8 +77,8 @@ def load_batch(rank, step):
                 time.sleep(0.01)
             time.sleep(0.5)  # rank 0 waits in its first collective of step 3 before rank 1 dies
             os.kill(os.getpid(), signal.SIGKILL)
-    if step == 3 and rank == 1 and scenario in ("ddp_stall", "ddp_hang"):
-        time.sleep(5 if scenario == "ddp_stall" else 12)
+    if step == 3 and rank == 1 and scenario == "ddp_hang":
+        time.sleep(12)
     if step == 3 and rank == 1 and scenario == "nan":
         return torch.full((2, 4), float("nan"))
     return torch.randn(2, 4)
@@ -73,9 +88,17 @@ def train(rank, world, init_method="env://"):
     with open(os.path.join(pids, f"{os.getpid()}.pid"), "w") as fh:  # the test kills whatever is left
         fh.write(str(rank))
     if scenario != "launcher":
-        obs.set_context(env_config_path=config, op_timeout=2)
+        # a job that ends well waits on no rank for long; under load a 2 s watchdog would still fire there
+        obs.set_context(env_config_path=config, op_timeout=60 if scenario in ("clean", "ddp", "nan", "spawn") else 2)
+    if scenario in PYTHON_RANKS:
+        from recorder.hotpath import hotpath
+
+        print(f"rank {rank} records through {'the C hot path' if hotpath() else 'the Python handlers'}", flush=True)
+    # spawn, launcher: the ranks start one after the other, outside torchrun; under load one can be more than 6 s
+    # behind the other at the rendezvous or in a collective, and neither scenario waits on gloo's timeout
+    timeout = 60 if scenario in ("spawn", "launcher") else 6
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=6))
+                            timeout=datetime.timedelta(seconds=timeout))
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     ddp = scenario.startswith("ddp") or scenario == "spawn"
@@ -104,8 +127,10 @@ def train(rank, world, init_method="env://"):
                 dist.all_reduce(total, async_op=True).wait()
                 if rank == 0:
                     dist.send(total, 1)
+                    dist.recv(total, 1)
                 elif rank == 1:
                     dist.recv(total, 0)
+                    dist.send(total, 0)
     dist.destroy_process_group()
 
 

@@ -2,9 +2,8 @@
 
 Usage: torchrun --nproc-per-node N doctor_script.py CONFIG PIDS_DIR SCENARIO STEPS
 
-data: the last rank sleeps 0.2 s in its data loading at every step (the gradients are all_reduced by hand).
 ddp: a DistributedDataParallel model; rank 1's backward is slowed by 0.2 s at every step by a hook.
-ddp_data: a DistributedDataParallel model; the last rank sleeps 0.1 s in its data loading at every step (its first
+ddp_data: a DistributedDataParallel model; the last rank sleeps 0.2 s in its data loading at every step (its first
 sync is DDP's bucket all_reduce).
 Each step ends with an all_reduce of a stop flag and the loss.  With STEPS 0 the job runs until a file ``stop``
 appears beside PIDS_DIR.
@@ -24,22 +23,21 @@ import obs
 
 config, pids, scenario, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 SLOW_S = 0.2
-DATA_S = 0.1 if scenario == "ddp_data" else SLOW_S
 stop_file = os.path.join(os.path.dirname(pids), "stop")
 
 
 class Batches:
-    """A data loader whose last rank is slow (scenario data)."""
+    """A data loader whose last rank is slow (scenario ddp_data)."""
 
     def __init__(self, rank: int, world: int) -> None:
-        self.slow = scenario in ("data", "ddp_data") and rank == world - 1
+        self.slow = scenario == "ddp_data" and rank == world - 1
 
     def __iter__(self):
         step = 0
         while not steps or step < steps:
             step += 1
             if self.slow:
-                time.sleep(DATA_S)
+                time.sleep(SLOW_S)
             yield torch.randn(8, 16)
 
 
@@ -51,17 +49,13 @@ def main() -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=20))
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    if scenario.startswith("ddp"):
-        if scenario == "ddp" and rank == 1:
-            net[2].register_full_backward_hook(lambda *_: time.sleep(SLOW_S))  # the first layer backward reaches
-        net = torch.nn.parallel.DistributedDataParallel(net)
+    if scenario == "ddp" and rank == 1:
+        net[2].register_full_backward_hook(lambda *_: time.sleep(SLOW_S))  # the first layer backward reaches
+    net = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     for batch in obs.steps(Batches(rank, world)):
         loss = net(batch).pow(2).mean()
         loss.backward()
-        if scenario == "data":
-            for p in net.parameters():
-                dist.all_reduce(p.grad)
         opt.step()
         opt.zero_grad()
         # Every rank stops at the same step: whoever sees the stop file first tells the others.

@@ -1,4 +1,4 @@
-"""Real gloo jobs under torchrun (2 and 3 ranks): every collective on record, and `obs rdr analyze` names the
+"""Real gloo jobs under torchrun (2 to 4 ranks): every collective on record, and `obs rdr analyze` names the
 collective, its sequence number and the ranks on each side (dist_script.py holds the scenarios)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from exporters.trace_reader import iter_otlp_requests, request_spans
 from obs.cli import main
 from recorder.analyze import analyze
 from recorder.bundle_reader import list_bundles, load_bundle
+from recorder.hotpath import hotpath
 from tests.recorder._jobs import finish, free_port
 
 pytestmark = pytest.mark.slow
@@ -22,10 +23,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "dist_script.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
 PER_STEP = 6  # default-group collectives per step: 4 gradients, the loss, the stop flag
 FIRST_OF_STEP_3 = 2 * PER_STEP + 1
-
-
-
-
+C_PATH, PYTHON_PATH = "the C hot path", "the Python handlers"
 
 
 def torchrun(tmp_path, ranks, scenario, *, mode=1, env=None, obs_run=False, **sections):
@@ -59,23 +57,53 @@ def cli(capsys, *args):
     return code, capsys.readouterr().out
 
 
-@pytest.mark.native("RECORDER")  # every rank's collectives through the C hot path, and through the Python handlers
-def test_a_clean_job_analyzes_consistent_with_subgroups_by_position_async_and_p2p(tmp_path, capsys, native_path):
-    code, out = torchrun(tmp_path, 3, "clean", mode=2)
+def recorder_paths(out, **ranks):
+    """Check that each rank of a job that mixes the recorder's paths (dist_script.py's PYTHON_RANKS) took the one
+    asked for (``rank_0=C_PATH``...); the C hot path where it is built here, else the Python handlers."""
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("OBS_NATIVE", raising=False)
+        env.delenv("OBS_NATIVE_RECORDER", raising=False)
+        built = hotpath() is not None
+    for name, path in ranks.items():
+        path = path if built else PYTHON_PATH
+        assert f"rank {name.removeprefix('rank_')} records through {path}" in out, out
+
+
+@pytest.fixture(scope="module")
+def ddp_job(tmp_path_factory):
+    """The ddp job (mode 2): rank 0 with PyTorch's Flight Recorder, rank 1 without (TORCH_FR_BUFFER_SIZE=0)."""
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    return tmp_path, *torchrun(tmp_path, 2, "ddp", mode=2)
+
+
+@pytest.fixture(scope="module")
+def ddp_hang_job(tmp_path_factory):
+    """The ddp_hang job: rank 1 stalls 12 s in its data loading at step 3; rank 0's watchdog (2 s) dumps a hang as it
+    waits in the bucket all_reduce, which gloo's timeout (6 s) then fails."""
+    tmp_path = tmp_path_factory.mktemp("ddp_hang")
+    return tmp_path, *torchrun(tmp_path, 2, "ddp_hang")
+
+
+def test_a_clean_job_analyzes_consistent_with_subgroups_by_position_async_and_p2p(tmp_path, capsys):
+    """Each path of the recorder (ranks 0 and 2 on the C hot path, 1 and 3 on the Python handlers) has a rank in the
+    subgroup {0, 3} and one out of it, one in the send/recv pair {0, 1} and one out of it; analyze takes the two
+    paths' bundles as one job."""
+    code, out = torchrun(tmp_path, 4, "clean", mode=2)
     assert code == 0, out
+    recorder_paths(out, rank_0=C_PATH, rank_1=PYTHON_PATH, rank_2=C_PATH, rank_3=PYTHON_PATH)
     run_ids = set()
-    for rank in range(3):
+    for rank in range(4):
         bundle, records = collectives(tmp_path, rank)
         assert bundle.info.reason == "normal_end"
         run_ids.add(bundle.info.run_id)
         done = [r for r in records if r["state"] == "completed"]
         default = [r for r in done if " group=default " in r["desc"]]
         assert [r["group_seq"] for r in default] == list(range(1, 4 * (PER_STEP + 1) + 1))  # + the async one
-        sub = [r for r in done if "ranks=0,2" in r["desc"]]
-        assert [r["group_seq"] for r in sub] == ([1, 2, 3, 4] if rank in (0, 2) else [])
+        sub = [r for r in done if "ranks=0,3" in r["desc"]]
+        assert [r["group_seq"] for r in sub] == ([1, 2, 3, 4] if rank in (0, 3) else [])
         assert all(r["desc"].startswith("all_reduce group=") and "dtype=float32" in r["desc"] for r in sub)
         p2p = [r for r in done if ":p2p:0-1" in r["desc"]]
-        assert [r["group_seq"] for r in p2p] == ([1, 2, 3, 4] if rank < 2 else [])
+        assert [r["group_seq"] for r in p2p] == (list(range(1, 9)) if rank < 2 else [])  # a send, a recv a step
         assert not [r for r in records if r["state"] not in ("started", "scheduled", "completed")]
         scheduled = [r["group_seq"] for r in records if r["state"] == "scheduled" and "group=default" in r["desc"]]
         assert scheduled and all(any(d["group_seq"] == s for d in default) for s in scheduled)
@@ -83,51 +111,52 @@ def test_a_clean_job_analyzes_consistent_with_subgroups_by_position_async_and_p2
     assert cli(capsys, str(tmp_path / "rdr"))[0] == 0
     code, out = cli(capsys, str(tmp_path / "rdr"), "--json")
     result = json.loads(out)
-    assert code == 0 and result["consistent"] and result["culprits"] == [] and result["world_size"] == 3
+    assert code == 0 and result["consistent"] and result["culprits"] == [] and result["world_size"] == 4
     assert result["run_id"] in run_ids and result["verdict"].startswith("consistent")
 
 
-def test_ddp_bucket_all_reduces_are_on_record_as_issued_once_each_and_analyze_consistent(tmp_path):
-    code, out = torchrun(tmp_path, 2, "ddp", mode=2)
+def test_ddp_bucket_all_reduces_are_on_record_as_issued_once_each_and_analyze_consistent(ddp_job):
+    """Rank 0 of the ddp job: PyTorch's Flight Recorder on (rank 1's records without it: the next test)."""
+    tmp_path, code, out = ddp_job
     assert code == 0, out
-    for rank in range(2):
-        _, records = collectives(tmp_path, rank)
-        buckets = [r for r in records if r["desc"].startswith("all_reduce group=default dtype=float32 sizes=[[49]]")]
-        # 4 steps, one bucket each (the net's 49 parameters), recorded by the relay as issued (the ring has them
-        # while the job runs); the Flight Recorder's copy of each is left out of the bundle
-        assert [(r["state"], r["step"], r.get("source")) for r in buckets] == \
-            [(state, step, None) for step in range(1, 5) for state in ("scheduled", "completed")], records
-        # DDP's start-up collectives (parameter shapes, module states), issued in C++, from the Flight Recorder
-        start = [r for r in records if r["step"] == 0]
-        assert [r["desc"].split(" ")[0] for r in start] == ["all_gather", "broadcast", "broadcast"]
-        assert all(r.get("source") == "flight_recorder" for r in start)
-        # one numbering for both sources (the group's own), each collective once: 3 at start, then 4 a step
-        # (the bucket, the loss, the stop flag; the rebuild's 2 broadcasts at step 2)
-        done = [r["group_seq"] for r in records if r["state"] == "completed"]
-        assert done == list(range(1, 3 + 3 * 4 + 2 + 1)), records
+    _, records = collectives(tmp_path, 0)
+    buckets = [r for r in records if r["desc"].startswith("all_reduce group=default dtype=float32 sizes=[[49]]")]
+    # 4 steps, one bucket each (the net's 49 parameters), recorded by the relay as issued (the ring has them
+    # while the job runs); the Flight Recorder's copy of each is left out of the bundle
+    assert [(r["state"], r["step"], r.get("source")) for r in buckets] == \
+        [(state, step, None) for step in range(1, 5) for state in ("scheduled", "completed")], records
+    # DDP's start-up collectives (parameter shapes, module states), issued in C++, from the Flight Recorder
+    start = [r for r in records if r["step"] == 0]
+    assert [r["desc"].split(" ")[0] for r in start] == ["all_gather", "broadcast", "broadcast"]
+    assert all(r.get("source") == "flight_recorder" for r in start)
+    # one numbering for both sources (the group's own), each collective once: 3 at start, then 4 a step
+    # (the bucket, the loss, the stop flag; the rebuild's 2 broadcasts at step 2)
+    done = [r["group_seq"] for r in records if r["state"] == "completed"]
+    assert done == list(range(1, 3 + 3 * 4 + 2 + 1)), records
     result = analyze(str(tmp_path / "rdr"))
     assert result.consistent and not result.mismatches, result.verdict
 
 
-def test_ddp_buckets_go_through_the_relay_where_the_flight_recorder_is_off(tmp_path):
-    code, out = torchrun(tmp_path, 2, "ddp", mode=2, env={"TORCH_FR_BUFFER_SIZE": "0"})
+def test_ddp_buckets_go_through_the_relay_where_the_flight_recorder_is_off(ddp_job):
+    """Rank 1 of the ddp job: TORCH_FR_BUFFER_SIZE=0; analyze lines it up with rank 0, which has the Flight Recorder's
+    start-up collectives."""
+    tmp_path, code, out = ddp_job
     assert code == 0, out
     assert "recorded through a Python communication hook" in out
-    for rank in range(2):
-        _, records = collectives(tmp_path, rank)
-        assert not [r for r in records if "source" in r]
-        buckets = [r for r in records if r["desc"].startswith("all_reduce group=default dtype=float32 sizes=[[49]]")]
-        # scheduled by the relay, completed by the work's future
-        assert [r["state"] for r in buckets] == ["scheduled", "completed"] * 4, records
-        # numbered by the group: DDP's start-up collectives (not on record here) took 1-3
-        assert buckets[0]["group_seq"] == 4
+    _, records = collectives(tmp_path, 1)
+    assert not [r for r in records if "source" in r]
+    buckets = [r for r in records if r["desc"].startswith("all_reduce group=default dtype=float32 sizes=[[49]]")]
+    # scheduled by the relay, completed by the work's future
+    assert [r["state"] for r in buckets] == ["scheduled", "completed"] * 4, records
+    # numbered by the group: DDP's start-up collectives (not on record here) took 1-3
+    assert buckets[0]["group_seq"] == 4
     result = analyze(str(tmp_path / "rdr"))
     assert result.consistent and not result.mismatches, result.verdict
 
 
-def test_a_rank_waiting_in_ddps_bucket_all_reduce_dumps_it_in_flight_from_the_watchdog(tmp_path):
-    code, out = torchrun(tmp_path, 2, "ddp_stall", mode=2)
-    assert code == 0, out  # the stall (5 s) is shorter than gloo's timeout (6 s): the job ends well
+def test_a_rank_waiting_in_ddps_bucket_all_reduce_dumps_it_in_flight_from_the_watchdog(ddp_hang_job):
+    tmp_path, code, out = ddp_hang_job
+    assert code != 0, out  # its all_reduce then timed out (the next test): the hang bundle came first
     bundles = list_bundles(str(tmp_path / "rdr" / "rank_0")).bundles
     (hang,) = [b for b in bundles if b.reason == "hang"]  # op_timeout (2 s), while blocked in the collective
     with open(os.path.join(hang.path, "collectives.jsonl")) as fh:
@@ -138,8 +167,8 @@ def test_a_rank_waiting_in_ddps_bucket_all_reduce_dumps_it_in_flight_from_the_wa
     assert (last["state"], last["step"], last.get("source"), last["group_seq"]) == ("scheduled", 3, None, 12)
 
 
-def test_a_ddp_rank_that_stalls_past_gloos_timeout_is_named_and_the_waiting_rank_failed_in_the_bucket(tmp_path):
-    code, _ = torchrun(tmp_path, 2, "ddp_hang")
+def test_a_ddp_rank_that_stalls_past_gloos_timeout_is_named_and_the_waiting_rank_failed_in_the_bucket(ddp_hang_job):
+    tmp_path, code, _ = ddp_hang_job
     assert code != 0
     result = analyze(str(tmp_path / "rdr"))
     assert result.culprits == [1], result.verdict
@@ -150,9 +179,17 @@ def test_a_ddp_rank_that_stalls_past_gloos_timeout_is_named_and_the_waiting_rank
 
 
 def test_a_killed_ddp_rank_is_named_at_the_bucket_it_never_reached_after_recover(tmp_path, capsys):
-    code, _ = torchrun(tmp_path, 2, "ddp_kill")
+    """The killed rank on the recorder's Python handlers, the waiting one on its C hot path (the kill test has them
+    the other way round): each path's ring of a killed rank, before and after recover."""
+    code, out = torchrun(tmp_path, 2, "ddp_kill")
     assert code != 0
+    recorder_paths(out, rank_0=C_PATH, rank_1=PYTHON_PATH)
     root = str(tmp_path / "rdr")
+    before = analyze(root)
+    assert before.no_bundle == [1] and before.culprits == [1]
+    assert "obs rdr recover" in before.ranks[1].note
+    code, out = cli(capsys, root)
+    assert code == 1 and "recover it with: obs rdr recover" in out
     assert main(["rdr", "recover", root]) == 0
     capsys.readouterr()
     result = analyze(root)
@@ -244,22 +281,26 @@ def test_a_rank_with_a_mismatched_size_is_named(tmp_path, capsys):
     assert result.culprits == [1]
 
 
-def test_a_rank_that_raises_is_the_culprit_and_the_others_failed_in_the_collective(tmp_path):
-    code, _ = torchrun(tmp_path, 3, "raises")
+def test_a_rank_that_raises_is_the_culprit_and_the_other_failed_in_the_collective(tmp_path):
+    # 2 ranks: the first mismatch is a tie (one rank reached it, one never did), so the culprit can only come from
+    # which rank raised in its own code, not from a majority
+    code, _ = torchrun(tmp_path, 2, "raises")
     assert code != 0
     result = analyze(str(tmp_path / "rdr"))
-    assert result.culprits == [1] and result.raised == [0, 1, 2], result
+    assert result.culprits == [1] and result.raised == [0, 1], result
     states = {s.rank: s for s in result.ranks}
     assert "lost its data loader" in states[1].exception and not states[1].raised_in_collective
-    assert states[0].raised_in_collective and states[2].raised_in_collective
+    assert states[0].raised_in_collective
     (first,) = [m for m in result.mismatches if m.group == "default"]
     assert (first.seq, first.kind, first.sides["never reached it"]) == (FIRST_OF_STEP_3, "missing", [1])
 
 
-@pytest.mark.native("RECORDER")  # the killed rank's ring as each path leaves it, recovered; the waiting rank's bundle
-def test_a_rank_killed_by_sigkill_is_named_before_and_after_recover(tmp_path, capsys, native_path):
+def test_a_rank_killed_by_sigkill_is_named_before_and_after_recover(tmp_path, capsys):
+    """The killed rank on the recorder's C hot path, the waiting one on its Python handlers (the ddp_kill test has
+    them the other way round)."""
     code, out = torchrun(tmp_path, 2, "kill")
     assert code != 0
+    recorder_paths(out, rank_0=PYTHON_PATH, rank_1=C_PATH)
     root = str(tmp_path / "rdr")
     before = analyze(root)
     assert before.no_bundle == [1] and before.culprits == [1]
