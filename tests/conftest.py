@@ -28,18 +28,6 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist's ``--dist loadgroup`` (CI's), the tests that use a module-scoped fixture run on one worker,
-    their module's: what the fixture builds (a training subprocess, a torchrun job, a compiled model) is built once,
-    not once per worker that draws one of them.  Every other test goes to whichever worker is free."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        if any(d.scope == "module" for name in info.names_closure for d in info.name2fixturedefs.get(name, ())):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-
-
 @pytest.fixture(scope="session")
 def inductor_cache(tmp_path_factory) -> str:
     """One Inductor cache folder for the suite's compiling subprocesses (``TORCHINDUCTOR_CACHE_DIR``): its C++

@@ -4,6 +4,7 @@ pipe and the demo as real processes)."""
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 import time
@@ -75,7 +76,9 @@ def test_follow_shows_calls_while_a_job_writes(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "obs", "print", str(path), "--follow", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        # Write only once it said it waits (a fixed sleep raced a slow start on a loaded machine: the file was there)
+        ready, _, _ = select.select([proc.stderr], [], [], 120)
+        waiting = proc.stderr.readline() if ready else ""
         with open(path, "ab") as f:
             for i in range(3):
                 f.write(encode_bytes(normalize((f"call {i}",)), CallMeta(i, 0, i, 0, 1, "", 1)))
@@ -89,7 +92,7 @@ def test_follow_shows_calls_while_a_job_writes(tmp_path):
         err = proc.stderr.read()
         proc.stderr.close()
     assert [line["values"][0]["value"] for line in lines] == ["call 0", "call 1", "call 2"]
-    assert "does not exist yet: waiting for it" in err
+    assert "does not exist yet: waiting for it" in waiting, (waiting, err)
 
 
 def test_demo_writes_print_records_and_points_to_obs_print(tmp_path):
