@@ -213,6 +213,23 @@ static PyObject *w_op(SlotWriter *w, PyObject *const *args, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
+/* append(kind, flags, a, b, c, d): one slot of any kind, as RingWriter.appender's Python closure writes it (the
+ * step, phase and memory events: a few per step, from Python handlers). */
+static PyObject *w_append(SlotWriter *w, PyObject *const *args, Py_ssize_t n) {
+    long long v[6];
+    Py_ssize_t i;
+    if (n != 6) {
+        PyErr_SetString(PyExc_TypeError, "append(kind, flags, a, b, c, d)");
+        return NULL;
+    }
+    for (i = 0; i < 6; i++) {
+        v[i] = PyLong_AsLongLong(args[i]);
+        if (v[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (write_slot(w, (uint16_t)v[0], (uint16_t)v[1], (int32_t)v[2], v[3], v[4], v[5]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *w_release(SlotWriter *w, PyObject *unused) {
     (void)unused;
     if (w->has_view) {
@@ -289,6 +306,9 @@ static PyMethodDef w_methods[] = {
      "exit($self, scope, module, error, /)\n--\n\nRecord MODULE_EXIT (flags 1 when error is not None)."},
     {"op", (PyCFunction)(void (*)(void))w_op, METH_FASTCALL,
      "op($self, name, args, kwargs, duration_ns, error, /)\n--\n\nRecord one OP event."},
+    {"append", (PyCFunction)(void (*)(void))w_append, METH_FASTCALL,
+     "append($self, kind, flags, a, b, c, d, /)\n--\n\nRecord one slot of any kind (the step, phase and memory "
+     "events)."},
     {"release", (PyCFunction)w_release, METH_NOARGS,
      "release($self, /)\n--\n\nLet go of the ring's memory (later events are dropped)."},
     {NULL, NULL, 0, NULL},

@@ -127,10 +127,8 @@ class Recorder:
         add(Event.GRAPH_COMPILED, self._on_graph)
         add(Event.GRAPH_IR, self._on_graph_ir)
         if level >= 1:
-            step = self.ring.appender("step")
-            memory = self.ring.appender("memory")
-            collective = self.ring.appender("collective")
-            intern = self.ring.intern
+            step, memory, collective = subs.appender("step"), subs.appender("memory"), subs.appender("collective")
+            intern, ids = self.ring.intern, self.ring.ids
 
             def on_step_begin(number: int) -> None:
                 self.step = number
@@ -143,7 +141,10 @@ class Recorder:
             def on_memory(number: int, stats: dict[str, Any]) -> None:
                 used = stats.get("allocated_bytes.all.current", stats.get("rss_bytes", 0))
                 other = stats.get("reserved_bytes.all.current", stats.get("vms_bytes", 0))
-                device = intern(str(stats.get("device", "?")))
+                name = str(stats.get("device", "?"))
+                device = ids.get(name)
+                if device is None:
+                    device = intern(name)
                 memory(Kind.MEMORY, 0, device, number, int(used), int(other))
                 if "allocated_bytes.all.peak" in stats:  # CUDA: the step's peaks (the counters are reset per step)
                     memory(Kind.MEMORY_PEAK, 0, device, number, int(stats["allocated_bytes.all.peak"]),

@@ -9,6 +9,7 @@ module call or per aten op.  ``state.step`` is the step the Python module handle
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from obs._core.events import Event, Subscription, bus
@@ -165,6 +166,17 @@ class RingSubscriptions:
 
     def add(self, event: Event, handler: Any) -> None:
         self.subs.append(bus.subscribe(event, handler))
+
+    def appender(self, name: str) -> Callable[[int, int, int, int, int, int], None]:
+        """``append(kind, flags, a, b, c, d)`` into the ring's ``name`` slots (steps, phases, memory: a few per
+        step): a C ``SlotWriter``'s where the hot path is built, released with the others at :meth:`close`, else
+        the ring's Python appender."""
+        hot = hotpath()
+        if hot is None or not hasattr(hot.SlotWriter, "append"):
+            return self.ring.appender(name)
+        writer = hot.SlotWriter(*_slot_args(self.ring, name))
+        self.writers.append(writer)
+        return writer.append  # type: ignore[no-any-return]
 
     def step_begins(self, number: int) -> None:
         for writer in self.writers:

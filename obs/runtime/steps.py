@@ -137,7 +137,7 @@ class StepTracker:
             number, duration = self.step, time.perf_counter_ns() - self._began_ns
         bus.emit(Event.STEP_END, number, duration)
         probe, interval = self.memory_probe, MEMORY_INTERVAL_NS
-        if probe is not None and bus.has_subscribers(Event.MEMORY) and self._memory_due(interval):
+        if probe is not None and bus.has_subscribers(Event.MEMORY) and (interval <= 0 or self._memory_due(interval)):
             try:
                 stats = probe()
             except Exception as exc:  # noqa: BLE001 - reported; a hook's bug must not break the training loop
@@ -148,8 +148,6 @@ class StepTracker:
             self.at_boundary.call()
 
     def _memory_due(self, interval: int) -> bool:
-        if interval <= 0:
-            return True
         last, now = self._memory_ns, time.perf_counter_ns()
         if last is not None and now - last < interval:
             return False

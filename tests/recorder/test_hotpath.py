@@ -11,6 +11,7 @@ import pytest
 import obs
 from obs.runtime.steps import tracker
 from recorder.bundle_reader import load_bundle
+from recorder.layout import SLOT
 from tests.recorder.op_training import train_and_fail
 
 try:
@@ -36,9 +37,9 @@ def record(tmp_path, monkeypatch, pure: bool):
     train_and_fail()
     path = obs.rdr.dump("parity")
     obs.reset_context()
-    keep = ("kind", "scope", "name", "inputs", "step", "error")
+    keep = ("kind", "scope", "name", "inputs", "step", "error", "phase", "device")
     return [{k: e[k] for k in keep if k in e} for e in load_bundle(path).iter_events()
-            if e["kind"] in ("module_enter", "module_exit", "op", "step_begin", "step_end")]
+            if e["kind"] in ("module_enter", "module_exit", "op", "step_begin", "step_end", "phase", "memory")]
 
 
 def test_c_and_python_paths_record_the_same_events(tmp_path, monkeypatch):
@@ -47,6 +48,33 @@ def test_c_and_python_paths_record_the_same_events(tmp_path, monkeypatch):
     assert c_events == py_events
     assert any(e["kind"] == "op" and e["name"] == "addmm" and "float32[3, 4]@cpu" in e["inputs"] for e in c_events)
     assert {"kind": "module_exit", "scope": "Default/net-Sequential/2-Linear", "step": 3, "error": True} in c_events
+    assert {e["kind"] for e in c_events} >= {"phase", "memory", "step_begin", "step_end"}  # SlotWriter.append's
+
+
+def test_append_writes_the_slot_the_python_appender_writes():
+    from recorder.ring import RingWriter
+
+    ids: dict[str, int] = {}
+    slots = []
+    for native in (True, False):
+        buf = bytearray(56 * 2)
+        counter, seq = itertools.count(), itertools.count(7)
+        if native:
+            append = hotpath.SlotWriter(buf, 0, 2, counter, seq, ids, lambda s: 0).append
+        else:
+            ring = RingWriter.__new__(RingWriter)  # only slots() is used: the region, counters and clock
+            target = (SLOT.pack_into, buf, 0, 2, SLOT.size, counter, seq, lambda: 5)
+            ring.slots = lambda name, target=target: target
+            append = RingWriter.appender(ring, "step")
+        for value in (1, 2, 3):  # the third wraps onto the first slot
+            append(13, 1, -value, 2**40 + value, -(2**62), value)
+        slots.append([SLOT.unpack_from(buf, i * 56) for i in range(2)])
+    (c_first, c_second), (py_first, py_second) = slots
+    drop_time = lambda slot: slot[:2] + slot[3:]  # noqa: E731
+    assert [drop_time(s) for s in (c_first, c_second)] == [drop_time(s) for s in (py_first, py_second)]
+    assert drop_time(c_first) == (9, 3, 13, 1, -3, 2**40 + 3, -(2**62), 3)
+    with pytest.raises(TypeError, match="append"):
+        hotpath.SlotWriter(bytearray(56), 0, 1, itertools.count(), itertools.count(), ids, len).append(1, 2)
 
 
 def test_bad_construction_and_release():

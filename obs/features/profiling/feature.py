@@ -105,6 +105,8 @@ class ProfilerFeature:
         spans of a step share one trace id."""
         live = self.session
         if live is not None and not live.identity_known:
+            if not job.distributed_ready():  # checked first: the launcher's run id is an environment read
+                return
             where = job.distributed_rank()
             run_id = job.agree_run_id()
             if where is None or run_id is None:

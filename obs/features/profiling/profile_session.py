@@ -136,7 +136,7 @@ class ProfileSession:
     def _subscribe(self) -> None:
         from obs.runtime.steps import tracker
 
-        step_ring = self.ring.appender("step")
+        step_ring = self._subs.appender("step")
         pack, mm, base, cap, size, counter, seqs, clock = self.ring.slots("step")
         begin, end, phase = int(Kind.STEP_BEGIN), int(Kind.STEP_END), int(Kind.PHASE)
         self.device = dev = device_recording.DeviceRecording(self.ring, watch=self._cuda)
@@ -239,7 +239,7 @@ class ProfileSession:
 
     def _subscribe_metrics(self) -> None:
         """Memory at each step end and every finished collective, for the exporter's metrics."""
-        memory_ring, collective_ring = self.ring.appender("memory"), self.ring.appender("collective")
+        memory_ring, collective_ring = self._subs.appender("memory"), self._subs.appender("collective")
         intern = self.ring.intern
         memory, collective = int(Kind.MEMORY), int(Kind.COLLECTIVE)
         finished = {COLLECTIVE_STATES.index("completed"), COLLECTIVE_STATES.index("failed")}
