@@ -21,7 +21,7 @@ Setup = Callable[[], Callable[[], None]]  # installs a variant, returns its tear
 @dataclass
 class Workload:
     name: str
-    step: Callable[[], None]
+    step: Callable[[], Any]  #: one training step; mlp() and cnn() return its loss
     steps_per_round: int
 
 
@@ -31,10 +31,12 @@ def mlp() -> Workload:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
 
-    def step() -> None:
+    def step() -> torch.Tensor:
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
         opt.step()
+        return loss
     return Workload("mlp", step, 60)
 
 
@@ -47,10 +49,12 @@ def cnn() -> Workload:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
 
-    def step() -> None:
+    def step() -> torch.Tensor:
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
         opt.step()
+        return loss
     return Workload("cnn", step, 12)
 
 

@@ -15,6 +15,7 @@ OpenBLAS threads are held to one: idle, they sleep natively, but spin under valg
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -22,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from typing import NoReturn
 
-__all__ = ["Counter", "available", "count_steps", "run_counted"]
+__all__ = ["Counter", "available", "count_child", "count_steps", "per_step", "run_counted", "write_table"]
 
 _HEADER = "/usr/include/valgrind/callgrind.h"
 _SOURCE = """#include <valgrind/callgrind.h>
@@ -85,6 +87,33 @@ def count_steps(counter: Counter, step: Callable[[], None], variants: dict[str, 
             teardown()
 
 
+def count_child(step: Callable[[], object], variants: dict[str, Callable[[], Callable[[], None]]], settle: int,
+                steps: int, scratch: str | None = None) -> NoReturn:
+    """A bench's child under callgrind: three warm-up steps, then :func:`count_steps` on one core's thread, then exit
+    (the counts are written; the interpreter's exit under valgrind is slow), removing the folder ``scratch``."""
+    import torch
+
+    counter = Counter()
+    torch.set_num_threads(1)
+    for _ in range(3):
+        step()
+    count_steps(counter, step, variants, settle, steps)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+    os._exit(0)
+
+
+def per_step(script: str, args: list[str], steps: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Instructions per step of each workload's variants: ``script --count-child WORKLOAD *args`` for each workload
+    of ``steps`` (workload -> steps it counts), all at once under callgrind."""
+    why = available()
+    if why is not None:
+        raise SystemExit(f"--instructions: {why}")
+    names = list(steps)
+    counts = run_counted([[script, "--count-child", w, *args] for w in names])
+    return {w: {v: n / steps[w] for v, n in c.items()} for w, c in zip(names, counts)}
+
+
 def run_counted(children: list[list[str]], env: dict[str, str] | None = None) -> list[dict[str, int]]:
     """Run each ``python ARGV`` of ``children`` under callgrind, all at once; per child, the instructions of each
     counted block, by label."""
@@ -122,3 +151,19 @@ def _counts(folder: str) -> dict[str, int]:
         if label and total:
             counts[label.group(1)] = int(total.group(1))
     return counts
+
+
+def write_table(bench: str, table: dict[str, dict[str, float]], steps: dict[str, int], out: str) -> None:
+    """Print the instructions per step of each variant on each workload and the ratio to plain; write them to JSON."""
+    import torch
+
+    names = list(table)
+    print(f"{'variant':<34} " + " ".join(f"{w + ' instr/step':>15} {'ratio':>7}" for w in names) + "   (callgrind)")
+    for v in table[names[0]]:
+        print(f"{v:<34} " + " ".join(f"{table[w][v]:>15,.0f} {table[w][v] / table[w]['plain']:>7.4f}" for w in names))
+    data = {"benchmark": f"{bench} --instructions", "torch": torch.__version__, "steps": steps,
+            "instructions_per_step": {w: {v: round(n) for v, n in t.items()} for w, t in table.items()},
+            "ratios": {w: {v: round(n / t["plain"], 4) for v, n in t.items()} for w, t in table.items()}}
+    with open(out, "w") as fh:
+        json.dump(data, fh, indent=2)
+    print(f"wrote {out}")

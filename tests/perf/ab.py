@@ -1,7 +1,7 @@
 """A/B of two trees on one benchmark: did a change make obs slower?
 
-Run: python tests/perf/ab.py --base REV [--head REV] [--bench rdr|dump] [--variants "a|b"] [--processes 6]
-                             [--rounds 12] [--instructions] [--out ab.json]
+Run: python tests/perf/ab.py --base REV [--head REV] [--bench rdr|profiler|print|dump] [--variants "a|b"]
+                             [--processes 6] [--rounds 12] [--instructions] [--out ab.json]
 
 Each revision is checked out in a temporary git worktree and its native parts are built there (the C modules in
 place, the C++ extensions into the user's cache, keyed by their sources); ``--head`` defaults to this working tree,
@@ -22,6 +22,7 @@ figure that does not move with the machine's load; head/base is their ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,16 +43,25 @@ from _harness import STEADY_MALLOC  # noqa: E402
 
 @dataclass(frozen=True)
 class Bench:
-    """How ab.py drives one ``bench_<name>.py``: its timed child's arguments (``{scratch}`` is a folder of this
-    run) and whether it takes ``--variants`` (else every variant it has runs)."""
+    """How ab.py drives one benchmark script: its timed child's arguments (``{scratch}``: a folder of this run;
+    ``{url}``: an OTLP receiver's, started for the run) and whether it takes ``--variants`` (else every variant it
+    has runs)."""
 
+    script: str
     child: tuple[str, ...]
     variants: tuple[str, ...] = ()  # the A/B's default; empty: the bench has no --variants
+    counts: bool = False  # it has --instructions
+
+    @property
+    def receiver(self) -> bool:
+        return any("{url}" in a for a in self.child)
 
 
-BENCHES = {"rdr": Bench(("--child", "--steps-only"),
-                        ("plain", "rdr step", "rdr module", "rdr op, native", "torch.profiler")),
-           "dump": Bench(("--child", "{scratch}"))}
+BENCHES = {"rdr": Bench("bench_rdr.py", ("--child", "--steps-only"),
+                        ("plain", "rdr step", "rdr module", "rdr op, native", "torch.profiler"), counts=True),
+           "profiler": Bench("bench_profiler.py", ("--child", "steps:{url}")),
+           "print": Bench("bench_print_steps.py", ("--child",), counts=True),
+           "dump": Bench("bench_dump.py", ("--child", "{scratch}"))}
 WORKLOADS = ("mlp", "cnn")
 
 
@@ -97,11 +108,11 @@ def _run(side: Side, command: list[str]) -> str:
 
 
 def _child(side: Side, bench: str, args: list[str]) -> dict:
-    script = PERF / f"bench_{bench}.py"
-    done = subprocess.run([sys.executable, str(script), *args], cwd=side.tree, capture_output=True, text=True,
+    script = BENCHES[bench].script
+    done = subprocess.run([sys.executable, str(PERF / script), *args], cwd=side.tree, capture_output=True, text=True,
                           env={**side.env(), **STEADY_MALLOC})
     if done.returncode != 0:
-        raise SystemExit(f"ab: {side.name} ({side.rev}): bench_{bench}.py {' '.join(args)} failed (this tree's "
+        raise SystemExit(f"ab: {side.name} ({side.rev}): {script} {' '.join(args)} failed (this tree's "
                          f"harness on that side's obs):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -113,13 +124,14 @@ def _variant_args(bench: str, variants: list[str]) -> list[str]:
 def timed(sides: tuple[Side, Side], bench: str, variants: list[str], processes: int, rounds: int,
           scratch: Path) -> dict:
     """Per side, workload and variant: the median ratio and paired ratio to plain; head/base per pair."""
-    child = [a.format(scratch=scratch) for a in BENCHES[bench].child]
-    args = [*child, "--rounds", str(rounds), *_variant_args(bench, variants)]
-    runs: dict[str, list[dict]] = {s.name: [] for s in sides}
-    for i in range(processes):
-        for side in (sides if i % 2 == 0 else sides[::-1]):
-            runs[side.name].append(_child(side, bench, args))
-            print(f"process {i + 1}/{processes}: {side.name} done", file=sys.stderr)
+    with _receiver(BENCHES[bench].receiver) as url:
+        child = [a.format(scratch=scratch, url=url) for a in BENCHES[bench].child]
+        args = [*child, "--rounds", str(rounds), *_variant_args(bench, variants)]
+        runs: dict[str, list[dict]] = {s.name: [] for s in sides}
+        for i in range(processes):
+            for side in (sides if i % 2 == 0 else sides[::-1]):
+                runs[side.name].append(_child(side, bench, args))
+                print(f"process {i + 1}/{processes}: {side.name} done", file=sys.stderr)
     table: dict[str, dict] = {}
     for w in WORKLOADS:
         names = list(runs["base"][0][w])
@@ -135,16 +147,35 @@ def timed(sides: tuple[Side, Side], bench: str, variants: list[str], processes: 
     return {"ratios": table, "per_process": runs}
 
 
+@contextlib.contextmanager
+def _receiver(wanted: bool) -> Iterator[str]:
+    """An OTLP/HTTP receiver in a process of its own on the other cores (bench_profiler's), while the block runs;
+    "" when the bench exports nothing."""
+    if not wanted:
+        yield ""
+        return
+    from bench_profiler import start_receiver
+
+    proc, url = start_receiver()
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) > 1:
+        os.sched_setaffinity(proc.pid, set(cores[:-1]))  # the children are pinned to the last core
+    try:
+        yield url
+    finally:
+        proc.communicate("", timeout=60)
+
+
 def instructions(sides: tuple[Side, Side], bench: str, variants: list[str], scratch: Path) -> dict:
     """Per side, workload and variant: callgrind's instructions per step; head/base."""
     counts = {}
     for side in sides:
         out = scratch / f"{side.name}-instructions.json"
-        done = subprocess.run([sys.executable, str(PERF / f"bench_{bench}.py"), "--instructions",
+        done = subprocess.run([sys.executable, str(PERF / BENCHES[bench].script), "--instructions",
                                *_variant_args(bench, variants), "--out", str(out)], cwd=side.tree, env=side.env(),
                               capture_output=True, text=True)
         if done.returncode != 0:
-            raise SystemExit(f"ab: {side.name} ({side.rev}): bench_{bench}.py --instructions failed:\n"
+            raise SystemExit(f"ab: {side.name} ({side.rev}): {BENCHES[bench].script} --instructions failed:\n"
                              f"{done.stderr[-3000:]}")
         counts[side.name] = json.loads(out.read_text())["instructions_per_step"]
     return {w: {v: {"base": counts["base"][w][v], "head": counts["head"][w][v],
@@ -175,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--processes and --rounds must be at least 1 (got {args.processes}, {args.rounds})")
     bench = BENCHES[args.bench]
     if args.variants and not bench.variants:
-        parser.error(f"--variants: bench_{args.bench}.py runs all its variants; drop --variants")
+        parser.error(f"--variants: {bench.script} runs all its variants; drop --variants")
+    if args.instructions and not bench.counts:
+        parser.error(f"--instructions: {bench.script} does not count instructions (rdr and print do)")
     chosen = args.variants.split("|") if args.variants else list(bench.variants)
     variants = ["plain"] + [v for v in chosen if v and v != "plain"]
     scratch = Path(tempfile.mkdtemp(prefix="obs-ab-"))

@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -55,6 +57,22 @@ def dead_url() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
+def _profiler_api() -> tuple[Any, Any, Callable[[], dict[str, str]]]:
+    """ProfileSession, ProfileRequest and the job's versions, where this tree keeps them (ab.py's base may be a tree
+    from before the profiler's room: ``obs.profiling_session``, ``obs.profiling_options``, ``rdr._versions``)."""
+    try:
+        from obs.features.profiling.profile_session import ProfileSession
+        from obs.runtime import job
+        from obs.settings.profiler_options import ProfileRequest
+    except ImportError:
+        from obs import rdr
+        from obs.profiling_options import ProfileRequest  # type: ignore[no-redef]
+        from obs.profiling_session import ProfileSession  # type: ignore[no-redef]
+
+        return ProfileSession, ProfileRequest, rdr._versions
+    return ProfileSession, ProfileRequest, job.versions
+
+
 def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
     """One process: per workload, the median ms per step of each variant.
 
@@ -62,20 +80,18 @@ def child(rounds: int, url: str) -> dict[str, dict[str, float]]:
     stays; a round resumes one of them (pausing removes every hook, so "plain" is plain PyTorch)."""
     import torch
 
-    from obs.features.profiling.profile_session import ProfileSession
-    from obs.runtime import job
-    from obs.settings.profiler_options import ProfileRequest
-
     from _harness import cnn, mlp, paired_ratios
+
+    session_type, request_type, versions = _profiler_api()
 
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = url
     tmp = tempfile.mkdtemp(prefix="obs-bench-prof-")
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     sessions = {}
     for name, levels in (("training_trace", ("training_trace",)), ("task_trace", ("training_trace", "task_trace"))):
-        request = ProfileRequest(levels=levels, output=os.path.join(tmp, name), endpoint="", protocol="", steps="",
+        request = request_type(levels=levels, output=os.path.join(tmp, name), endpoint="", protocol="", steps="",
                                  span_budget=50, module_depth=3, max_file_mb=100)
-        sessions[name] = ProfileSession(request, rank=0, world_size=1, run_id=name, versions=job.versions())
+        sessions[name] = session_type(request, rank=0, world_size=1, run_id=name, versions=versions())
         sessions[name].pause()
     time.sleep(5)  # the exporters have started (their imports are not the trainer's cost)
 

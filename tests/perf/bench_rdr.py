@@ -235,43 +235,23 @@ COUNTED_STEPS = {"mlp": 20, "cnn": 3}  #: a CNN step: ~10x an MLP step's instruc
 
 def count_child(workload_name: str, only: list[str]) -> None:
     """Under callgrind (``--instructions``): each variant's counted steps on one workload, after untimed ones."""
-    from _instructions import Counter, count_steps
+    from _instructions import count_child as count
 
-    counter = Counter()
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     workload = {"mlp": mlp, "cnn": cnn}[workload_name]()
-    for _ in range(3):
-        workload.step()
-    count_steps(counter, workload.step, {name: VARIANTS[name] for name in only}, SETTLE[workload_name],
-                COUNTED_STEPS[workload_name])
-    shutil.rmtree(TMP, ignore_errors=True)
-    os._exit(0)  # the counts are written; skip the interpreter's slow exit under valgrind
+    count(workload.step, {name: VARIANTS[name] for name in only}, SETTLE[workload_name], COUNTED_STEPS[workload_name],
+          TMP)
 
 
 def instructions(only: list[str], out: str) -> None:
     """Instructions per step of each variant on both workloads (every thread), and the ratio to plain."""
-    from _instructions import available, run_counted
-
-    why = available()
-    if why is not None:
-        raise SystemExit(f"--instructions: {why}")
     from recorder import native_ops
 
+    from _instructions import per_step, write_table
+
     print(f"native op observer: {_build_op_observer(native_ops)}", file=sys.stderr)
-    names = ("mlp", "cnn")
-    counts = run_counted([[os.path.abspath(__file__), "--count-child", w, "--variants", "|".join(only)]
-                          for w in names])
-    table = {w: {v: c[v] / COUNTED_STEPS[w] for v in only} for w, c in zip(names, counts)}
-    print(f"{'variant':<34} {'mlp instr/step':>15} {'ratio':>7} {'cnn instr/step':>15} {'ratio':>7}   (callgrind)")
-    for v in only:
-        print(f"{v:<34} " + " ".join(f"{table[w][v]:>15,.0f} {table[w][v] / table[w]['plain']:>7.4f}" for w in names))
-    data = {"benchmark": "bench_rdr --instructions", "torch": torch.__version__, "steps": COUNTED_STEPS,
-            "instructions_per_step": {w: {v: round(n) for v, n in t.items()} for w, t in table.items()},
-            "ratios": {w: {v: round(n / t["plain"], 4) for v, n in t.items()} for w, t in table.items()}}
-    with open(out, "w") as fh:
-        json.dump(data, fh, indent=2)
-    print(f"wrote {out}")
+    table = per_step(os.path.abspath(__file__), ["--variants", "|".join(only)], COUNTED_STEPS)
+    write_table("bench_rdr", table, COUNTED_STEPS, out)
 
 
 def _build_op_observer(native_ops) -> str:
