@@ -1,0 +1,268 @@
+"""The monitor's worker thread: each step's values to msprobe's CSV files, judged by the anomaly rules, anomalies
+to stderr.  Off the training thread: the training thread hands over one :class:`Packet` per step (the values still in
+one tensor) and goes on; the worker reads the tensor, writes rows and runs the rules.
+
+An anomaly writes one line on stderr (at most :data:`LINES_PER_STEP` per step, then a count of the rest).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from obs._core import safe_files
+from obs._core.internal import report_internal_error
+from obs._core.outputs import wrote
+from obs.features.monitor.detect import Detector
+from obs.features.monitor.layout import META, PREFIXES, SCHEMA_VERSION, columns, is_micro
+
+__all__ = ["LINES_PER_STEP", "Anomaly", "Block", "Packet", "Worker"]
+
+LINES_PER_STEP = 5
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows of one kind of values in a packet: ``stats`` per row, in the packet's order.  A prefix starting with
+    ``_`` is an input of derived rows, not written itself (``_gnorm``, ``_unorm``, ``_wnorm``, ``_loss``)."""
+
+    prefix: str
+    rows: tuple[tuple[str, int | None, str, str], ...]  #: (name, micro_step or None, shape, dtype)
+    stats: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.rows) * len(self.stats)
+
+
+@dataclass
+class Packet:
+    """One collected step: its number, its blocks, and their values (a tensor or a list, flattened in order)."""
+
+    step: int
+    blocks: list[Block]
+    values: Any
+
+
+@dataclass
+class Anomaly:
+    """One flagged value, as the worker saw it."""
+
+    step: int
+    prefix: str
+    name: str
+    micro: int | None
+    stat: str
+    value: float
+    baseline: float
+    rule: str
+    score: float
+
+
+@dataclass
+class _Counts:
+    submitted: int = 0
+    done: int = 0
+    anomalies: list[Anomaly] = field(default_factory=list)
+
+
+class Worker:
+    """Writes CSV rows and judges values on its own thread (``obs-monitor``)."""
+
+    def __init__(self, folder: str | None, *, detector: Detector, ndigits: int, per_file: int,
+                 stream: Any = None) -> None:
+        self.folder, self.detector, self.ndigits, self.per_file = folder, detector, ndigits, per_file
+        self.stream = stream
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._counts = _Counts()
+        self._files: dict[str, tuple[int, int]] = {}  # prefix -> (chunk start, fd)
+        self._loss_from_scalar = False
+        self._thread = threading.Thread(target=self._run, name="obs-monitor", daemon=True)
+        self._thread.start()
+
+    # -- the training thread's side ---------------------------------------------------------------
+    def submit(self, item: Any) -> None:
+        with self._cond:
+            self._counts.submitted += 1
+        self._queue.put(item)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until everything submitted so far is written and judged."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target = self._counts.submitted
+            while self._counts.done < target:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+        for _, fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+    @property
+    def anomalies(self) -> list[Anomaly]:
+        with self._cond:
+            return list(self._counts.anomalies)
+
+    # -- the worker's side --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                if isinstance(item, Packet):
+                    self._packet(item)
+                elif item[0] == "meta":
+                    self._meta(item[1])
+                elif item[0] == "loss":
+                    self._loss(item[1], float(item[2]))
+                elif item[0] == "struct":
+                    self._struct(item[1])
+            except Exception as exc:  # noqa: BLE001 - reported; the monitor's bug never reaches training
+                report_internal_error("monitor worker", exc)
+            finally:
+                with self._cond:
+                    self._counts.done += 1
+                    self._cond.notify_all()
+
+    def _meta(self, meta: dict[str, Any]) -> None:
+        if self.folder is None:
+            return
+        body = {"schema_version": SCHEMA_VERSION, "format": "obs-monitor", **meta}
+        path = os.path.join(self.folder, META)
+        safe_files.write_atomic(path, json.dumps(body, indent=1), fsync=False)
+        wrote("monitor output", self.folder)
+
+    def _struct(self, struct: dict[str, Any]) -> None:
+        """msprobe's ``print_struct``: every module's inputs and outputs, once (training goes on)."""
+        if self.folder is not None:
+            safe_files.write_atomic(os.path.join(self.folder, "module_struct.json"), json.dumps(struct, indent=2),
+                                    fsync=False)
+
+    def _loss(self, step: int, value: float) -> None:
+        """A loss given through ``obs.scalar("loss", ...)``: from then on it replaces backward()'s value."""
+        self._loss_from_scalar = True
+        found: list[Anomaly] = []
+        self._row("scalars", step, "loss", None, [value], ("value",), "", "", found)
+        self._report(step, found)
+
+    def _packet(self, packet: Packet) -> None:
+        values: list[float] = []
+        for part in packet.values:  # tensors (one host read each, here, off the training thread) or numbers
+            values.extend(part.tolist() if hasattr(part, "tolist") else [part])
+        tables: dict[str, tuple[Block, list[float]]] = {}
+        at = 0
+        for block in packet.blocks:
+            tables[block.prefix] = (block, values[at:at + block.size])
+            at += block.size
+        step, found = packet.step, []
+        for prefix in ("actv", "grad_reduced", "exp_avg", "exp_avg_sq", "param_update"):
+            if prefix in tables:
+                self._block(step, *tables[prefix], found)
+        if "grad_reduced" not in tables and "_gnorm" in tables:
+            block, vals = tables["_gnorm"]
+            self._block(step, Block("grad_reduced", block.rows, block.stats), vals, found)
+        if "param_update" not in tables and "_unorm" in tables:
+            block, vals = tables["_unorm"]
+            self._block(step, Block("param_update", block.rows, block.stats), vals, found)
+        if "_unorm" in tables and "_wnorm" in tables:
+            block, updates = tables["_unorm"]
+            weights = tables["_wnorm"][1]
+            for (name, _, shape, dtype), u, w in zip(block.rows, updates, weights):
+                ratio = u / w if w > 0 else math.nan  # a parameter at zero (a bias at its start): no ratio
+                self._row("update_ratio", step, name, None, [ratio], ("ratio",), shape, dtype, found)
+        if "_gnorm" in tables:
+            norms = tables["_gnorm"][1]
+            total = math.sqrt(math.fsum(g * g for g in norms)) if norms else math.nan
+            self._row("scalars", step, "grad_norm", None, [total], ("value",), "", "", found)
+        if "_loss" in tables and not self._loss_from_scalar:
+            self._row("scalars", step, "loss", None, tables["_loss"][1], ("value",), "", "", found)
+        self._report(step, found)
+
+    def _block(self, step: int, block: Block, values: list[float], found: list[Anomaly]) -> None:
+        width = len(block.stats)
+        for i, (name, micro, shape, dtype) in enumerate(block.rows):
+            self._row(block.prefix, step, name, micro, values[i * width:(i + 1) * width], block.stats, shape, dtype,
+                      found)
+
+    def _row(self, prefix: str, step: int, name: str, micro: int | None, values: list[float], stats: tuple[str, ...],
+             shape: str, dtype: str, found: list[Anomaly]) -> None:
+        for stat, value in zip(stats, values):
+            if stat == "id":
+                continue
+            verdict = self.detector.judge((prefix, name, micro, stat), value, stat)
+            if verdict is not None:
+                found.append(Anomaly(step, prefix, name, micro, stat, value, verdict.baseline, verdict.rule,
+                                     verdict.score))
+        if self.folder is None:
+            return
+        header = columns(prefix, list(stats))
+        cells: list[Any] = ["0", name, step] + ([micro] if is_micro(prefix) else [])
+        cells += [self._number(v) for v in values]
+        if "shape" in header:
+            cells += [shape, dtype]
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerow(cells)
+        self._write(prefix, step, header, out.getvalue())
+
+    def _number(self, value: float) -> str:
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return format(value, f".{self.ndigits}g")
+
+    def _write(self, prefix: str, step: int, header: list[str], line: str) -> None:
+        assert self.folder is not None
+        start = step - step % self.per_file
+        have = self._files.get(prefix)
+        if have is None or have[0] != start:
+            if have is not None:
+                os.close(have[1])
+            path = os.path.join(self.folder, f"{prefix}_{start}-{start + self.per_file - 1}.csv")
+            if os.path.lexists(path):
+                fd = safe_files.open_append(path, what="monitor CSV file")
+            else:
+                fd = safe_files.create_file(path, append=True, folder_ready=True)
+                os.write(fd, (",".join(header) + "\n").encode())
+            self._files[prefix] = (start, fd)
+            have = self._files[prefix]
+        os.write(have[1], line.encode())
+
+    def _report(self, step: int, found: list[Anomaly]) -> None:
+        if not found:
+            return
+        with self._cond:
+            self._counts.anomalies.extend(found)
+        stream = self.stream if self.stream is not None else sys.stderr
+        lines = []
+        for a in found[:LINES_PER_STEP]:
+            kind = PREFIXES.get(a.prefix, ("", ""))[0] or ("loss" if a.name == "loss" else "wg")
+            where = a.name if a.micro is None else f"{a.name} (call {a.micro})"
+            lines.append(f"obs: monitor: step {step}: {kind} {where} {a.prefix}/{a.stat} = {a.value:.4g}, baseline "
+                         f"{a.baseline:.4g} ({a.rule}, score {a.score:.3g})\n")
+        if len(found) > LINES_PER_STEP:
+            lines.append(f"obs: monitor: step {step}: {len(found) - LINES_PER_STEP} more anomalies (obs monitor "
+                         "explain)\n")
+        try:
+            stream.write("".join(lines))
+            stream.flush()
+        except (OSError, ValueError):  # stderr closed: the files still hold everything
+            pass
