@@ -4,9 +4,12 @@ At every collected optimizer step, with fused ops (``torch._foreach_norm``, one 
 than one per tensor), no ``.item()`` and no host read on the training thread:
 
 * before ``optimizer.step()``: each gradient's norm, each parameter's norm, and a copy of the parameters into
-  buffers kept from step to step (``torch._foreach_copy_``; this costs the parameters' memory once);
+  buffers kept from step to step (``torch._foreach_copy_``);
 * after it: the change of each parameter (``torch._foreach_sub_``) and its norm.  The update/weight ratio and the
-  global gradient norm are computed from these norms by the worker thread;
+  global gradient norm are computed from these norms by the worker thread.  A parameter of more than
+  ``update_sample`` elements takes part in the update norm and ratio through a fixed strided sample of them
+  (scaled to the whole): the copy and the difference then cost no more than that per parameter, where an exact
+  update costs a copy of every parameter at every step (``update_sample: 0``);
 * the loss: the value given to ``obs.scalar("loss", ...)``, else the one-element tensor ``backward()`` started from;
 * opt-in: every statistic of ``ops`` of gradients (``wg_distribution``), updates (``ur_distribution``), Adam's
   moments (``mv_distribution``) and, through forward hooks on the chosen modules, activations (``xy_distribution``).
@@ -61,6 +64,7 @@ class Plan:
     step_interval: int = 1
     collect_times: int = 100_000_000
     print_struct: bool = False
+    update_sample: int = 4096  #: 0: exact update norms
 
     def due(self, step: int) -> bool:
         """Whether optimizer step ``step`` (from 0) is collected."""
@@ -75,13 +79,14 @@ class Plan:
 class _Opt:
     """One optimizer's step count and the buffers of its parameters' values before the step."""
 
-    __slots__ = ("step", "buffers", "pending", "rows", "__weakref__")
+    __slots__ = ("step", "buffers", "pending", "rows", "samples", "__weakref__")
 
     def __init__(self) -> None:
         self.step = 0
         self.buffers: dict[int, torch.Tensor] = {}
         self.pending: Any = None
         self.rows: dict[tuple[int, ...], tuple[tuple[str, int | None, str, str], ...]] = {}
+        self.samples: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}
 
 
 class Collector:
@@ -234,13 +239,15 @@ class Collector:
             self._params = [r[0] for r in rows]
         grads = [p.grad for p in params]
         grad_norms = torch._foreach_norm(grads)
-        weight_norms = torch._foreach_norm(params)
-        buffers = [self._buffer(state, p) for p in params]
-        torch._foreach_copy_(buffers, params)
+        sample = 0 if plan.ur else plan.update_sample
+        views, scale = self._samples(state, params, key, sample) if sample else (params, None)
+        weight_norms = torch._foreach_norm(views)
+        buffers = [self._buffer(state, v, p) for v, p in zip(views, params)]
+        torch._foreach_copy_(buffers, views)
         extra: list[tuple[Block, torch.Tensor]] = []
         if plan.wg:
             extra.append((Block("grad_reduced", rows, plan.value_ops), _stats_all(grads, plan.value_ops, plan.eps)))
-        return params, rows, grad_norms, weight_norms, buffers, extra
+        return views, rows, grad_norms, weight_norms, buffers, extra, scale
 
     def _post(self, opt: Any, args: Any, kwargs: Any) -> None:
         state = self._opts.get(opt)
@@ -260,9 +267,10 @@ class Collector:
 
     def _after(self, step: int, opt: Any, pending: Any) -> None:
         plan = self.plan
-        params, rows, grad_norms, weight_norms, buffers, extra = pending
-        torch._foreach_sub_(buffers, params)  # the value before the step, minus after: -update
-        update_norms = torch._foreach_norm(buffers)
+        params, rows, grad_norms, weight_norms, buffers, extra, scale = pending
+        torch._foreach_sub_(buffers, params)  # the value before the step, minus after: -update (of the samples)
+        update_norms = torch.stack(torch._foreach_norm(buffers))
+        weights = torch.stack(weight_norms)
         blocks: list[Block] = []
         values: list[torch.Tensor] = []
         if self._actv_rows:
@@ -273,7 +281,10 @@ class Collector:
             blocks.append(block)
             values.append(tensor)
         blocks += [Block("_gnorm", rows, _NORM), Block("_unorm", rows, _NORM), Block("_wnorm", rows, _NORM)]
-        values += [torch.stack(grad_norms), torch.stack(update_norms), torch.stack(weight_norms)]
+        if scale is not None:  # sampled: the ratio of the samples' norms, the update's norm scaled to the whole
+            values += [torch.stack(grad_norms), update_norms * scale, weights * scale]
+        else:
+            values += [torch.stack(grad_norms), update_norms, weights]
         if plan.ur:
             torch._foreach_neg_(buffers)
             blocks.append(Block("param_update", rows, plan.value_ops))
@@ -315,11 +326,34 @@ class Collector:
             return f"param_{index}"
         return name
 
-    def _buffer(self, state: _Opt, param: torch.Tensor) -> torch.Tensor:
+    def _buffer(self, state: _Opt, like: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
         buf = state.buffers.get(id(param))
-        if buf is None or buf.shape != param.shape or buf.dtype != param.dtype or buf.device != param.device:
-            buf = state.buffers[id(param)] = torch.empty_like(param, memory_format=torch.preserve_format)
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype or buf.device != like.device:
+            buf = state.buffers[id(param)] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
         return buf
+
+    def _samples(self, state: _Opt, params: list[torch.Tensor], key: tuple[int, ...], sample: int
+                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Each parameter, or a fixed strided view of at most ``sample`` of its elements (a contiguous one), and per
+        parameter the factor that scales a sample's norm to the whole (1 where the whole is taken)."""
+        cached = state.samples.get(key)
+        if cached is not None and all(v.data_ptr() == p.data_ptr() for v, p in zip(cached[0], params)):
+            return cached
+        views, factors = [], []
+        for p in params:
+            n = p.numel()
+            if n > sample and p.is_contiguous():
+                stride = -(-n // sample)
+                view = p.detach().view(-1)[::stride]
+                views.append(view)
+                factors.append(math.sqrt(n / view.numel()))
+            else:
+                views.append(p.detach())
+                factors.append(1.0)
+        device = params[0].device
+        result = (views, torch.tensor(factors, dtype=torch.float32, device=device))
+        state.samples[key] = result
+        return result
 
 
 def _clean(name: str) -> str:

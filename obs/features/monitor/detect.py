@@ -15,6 +15,7 @@ the same ones over the CSV files, so both see the same anomalies.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -45,25 +46,28 @@ class Robust:
         self.window, self.warmup, self.threshold = window, warmup, threshold
 
     def state(self) -> Any:
-        return [deque(maxlen=self.window), 0]
+        return [deque(), [], 0]  # the window in arrival order, the same values sorted, values seen
 
     def judge(self, state: Any, value: float, stat: str) -> Verdict | None:
-        history, seen = state
-        state[1] = seen + 1
+        arrived, ordered, seen = state
+        state[2] = seen + 1
         verdict = None
-        if seen >= self.warmup and len(history) >= 3:
-            ordered = sorted(history)
+        if seen >= self.warmup and len(ordered) >= 3:
             median = _median(ordered)
             if not math.isfinite(value):
                 verdict = Verdict(self.name, median, math.inf)
             else:
-                mad = _median(sorted(abs(v - median) for v in ordered))
-                scale = max(_MAD_SIGMA * mad, _REL_FLOOR * abs(median), _ABS_FLOOR)
-                score = abs(value - median) / scale
-                if score > self.threshold:
-                    verdict = Verdict(self.name, median, score)
+                off = abs(value - median)
+                floor = max(_REL_FLOOR * abs(median), _ABS_FLOOR)
+                if off > self.threshold * floor:  # else within the floor's reach: no need of the MAD
+                    scale = max(_MAD_SIGMA * _mad(ordered, median), floor)
+                    if off / scale > self.threshold:
+                        verdict = Verdict(self.name, median, off / scale)
         if math.isfinite(value):
-            history.append(value)
+            if len(arrived) == self.window:
+                del ordered[bisect.bisect_left(ordered, arrived.popleft())]
+            arrived.append(value)
+            bisect.insort(ordered, value)
         return verdict
 
 
@@ -138,6 +142,25 @@ class Detector:
             if found is None:
                 found = verdict
         return found
+
+
+def _mad(ordered: list[float], median: float) -> float:
+    """The median of ``|v - median|`` over a sorted list, merging its two halves outwards from the median."""
+    n = len(ordered)
+    hi = bisect.bisect_left(ordered, median)
+    lo = hi - 1
+    want = n // 2  # 0-based rank of the (upper) middle deviation
+    taken, last, before = 0, 0.0, 0.0
+    while taken <= want:
+        before = last
+        if lo >= 0 and (hi >= n or median - ordered[lo] <= ordered[hi] - median):
+            last = median - ordered[lo]
+            lo -= 1
+        else:
+            last = ordered[hi] - median
+            hi += 1
+        taken += 1
+    return last if n % 2 else (before + last) / 2
 
 
 def _median(ordered: list[float]) -> float:

@@ -47,7 +47,7 @@ class Monitor:
                          wg=settings["wg_distribution"], mv=settings["mv_distribution"],
                          ur=settings["ur_distribution"], start_step=settings["start_step"],
                          step_interval=settings["step_interval"], collect_times=settings["collect_times"],
-                         print_struct=settings["print_struct"])
+                         print_struct=settings["print_struct"], update_sample=settings["update_sample"])
         self.folder: str | None = None
         if settings["format"] != "api":
             root = output_root(settings)
@@ -59,7 +59,7 @@ class Monitor:
                              per_file=settings["step_count_per_record"])
         meta = {**process_meta(rank, world_size), "settings": {
             k: settings[k] for k in ("ops", "eps", "window", "warmup", "threshold", "alert", "step_count_per_record",
-                                     "start_step", "step_interval", "targets")}}
+                                     "start_step", "step_interval", "targets", "update_sample")}}
         self.collector = Collector(self.plan, self.worker, meta).install()
 
     def flush(self, timeout: float | None = 30.0) -> bool:

@@ -7,8 +7,6 @@ An anomaly writes one line on stderr (at most :data:`LINES_PER_STEP` per step, t
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -75,6 +73,13 @@ class _Counts:
     anomalies: list[Anomaly] = field(default_factory=list)
 
 
+def _cell(text: str) -> str:
+    """A CSV cell as msprobe's pandas writes it: quoted when it holds a comma, a quote or a line break."""
+    if any(c in text for c in ',"\n\r'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
 class Worker:
     """Writes CSV rows and judges values on its own thread (``obs-monitor``)."""
 
@@ -87,6 +92,8 @@ class Worker:
         self._counts = _Counts()
         self._files: dict[str, tuple[int, int]] = {}  # prefix -> (chunk start, fd)
         self._loss_from_scalar = False
+        self._lines: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+        self._static: dict[str, tuple[Any, list[tuple[str, str, str]]]] = {}
         self._thread = threading.Thread(target=self._run, name="obs-monitor", daemon=True)
         self._thread.start()
 
@@ -161,6 +168,7 @@ class Worker:
         self._loss_from_scalar = True
         found: list[Anomaly] = []
         self._row("scalars", step, "loss", None, [value], ("value",), "", "", found)
+        self._flush_lines(step)
         self._report(step, found)
 
     def _packet(self, packet: Packet) -> None:
@@ -194,13 +202,33 @@ class Worker:
             self._row("scalars", step, "grad_norm", None, [total], ("value",), "", "", found)
         if "_loss" in tables and not self._loss_from_scalar:
             self._row("scalars", step, "loss", None, tables["_loss"][1], ("value",), "", "", found)
+        self._flush_lines(step)
         self._report(step, found)
 
     def _block(self, step: int, block: Block, values: list[float], found: list[Anomaly]) -> None:
-        width = len(block.stats)
+        width, prefix, stats, judge = len(block.stats), block.prefix, block.stats, self.detector.judge
         for i, (name, micro, shape, dtype) in enumerate(block.rows):
-            self._row(block.prefix, step, name, micro, values[i * width:(i + 1) * width], block.stats, shape, dtype,
-                      found)
+            row = values[i * width:(i + 1) * width]
+            for stat, value in zip(stats, row):
+                if stat != "id":
+                    verdict = judge((prefix, name, micro, stat), value, stat)
+                    if verdict is not None:
+                        found.append(Anomaly(step, prefix, name, micro, stat, value, verdict.baseline, verdict.rule,
+                                             verdict.score))
+        if self.folder is None:
+            return
+        cached = self._static.get(prefix)
+        if cached is None or cached[0] is not block.rows:  # the rows' fixed cells, formatted once
+            tail = prefix not in ("update_ratio", "scalars")
+            cached = self._static[prefix] = (block.rows, [
+                ("0," + _cell(name) + ",", ("," + str(micro) if is_micro(prefix) else "") + ",",
+                 ("," + _cell(shape) + "," + _cell(dtype) if tail else "") + "\n")
+                for name, micro, shape, dtype in block.rows])
+        number, text = self._number, str(step)
+        lines = self._lines.setdefault((prefix, stats), [])
+        for i, (head, middle, end) in enumerate(cached[1]):
+            lines.append(head + text + middle + ",".join([number(v) for v in values[i * width:(i + 1) * width]])
+                         + end)
 
     def _row(self, prefix: str, step: int, name: str, micro: int | None, values: list[float], stats: tuple[str, ...],
              shape: str, dtype: str, found: list[Anomaly]) -> None:
@@ -213,14 +241,22 @@ class Worker:
                                      verdict.score))
         if self.folder is None:
             return
-        header = columns(prefix, list(stats))
-        cells: list[Any] = ["0", name, step] + ([micro] if is_micro(prefix) else [])
+        key = (prefix, stats)
+        lines = self._lines.get(key)
+        if lines is None:
+            lines = self._lines[key] = []
+        cells = ["0", _cell(name), str(step)] + ([str(micro)] if is_micro(prefix) else [])
         cells += [self._number(v) for v in values]
-        if "shape" in header:
-            cells += [shape, dtype]
-        out = io.StringIO()
-        csv.writer(out, lineterminator="\n").writerow(cells)
-        self._write(prefix, step, header, out.getvalue())
+        if prefix not in ("update_ratio", "scalars"):
+            cells += [_cell(shape), _cell(dtype)]
+        lines.append(",".join(cells) + "\n")
+
+    def _flush_lines(self, step: int) -> None:
+        """A step's rows: one write per file."""
+        for (prefix, stats), lines in self._lines.items():
+            if lines:
+                self._write(prefix, step, columns(prefix, list(stats)), "".join(lines))
+        self._lines.clear()
 
     def _number(self, value: float) -> str:
         if math.isnan(value):

@@ -106,7 +106,8 @@ def test_resolve_without_file_gives_defaults():
                                                        "ops": ["norm"], "eps": 1e-8, "ndigits": 6, "alert": {},
                                                        "format": "csv", "start_step": 0, "step_interval": 1,
                                                        "collect_times": 100_000_000, "step_count_per_record": 100,
-                                                       "print_struct": False, "module_ranks": [], "window": 50,
+                                                       "print_struct": False, "module_ranks": [], "update_sample": 4096,
+                                                       "window": 50,
                                                        "warmup": 20, "threshold": 10.0}}
 
 
