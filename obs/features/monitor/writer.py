@@ -207,7 +207,7 @@ class Worker:
 
     def _block(self, step: int, block: Block, values: list[float], found: list[Anomaly]) -> None:
         width, prefix, stats, judge = len(block.stats), block.prefix, block.stats, self.detector.judge
-        for i, (name, micro, shape, dtype) in enumerate(block.rows):
+        for i, (name, micro, _, _) in enumerate(block.rows):
             row = values[i * width:(i + 1) * width]
             for stat, value in zip(stats, row):
                 if stat != "id":
