@@ -86,7 +86,7 @@ class _Opt:
         self.buffers: dict[int, torch.Tensor] = {}
         self.pending: Any = None
         self.rows: dict[tuple[int, ...], tuple[tuple[str, int | None, str, str], ...]] = {}
-        self.samples: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}
+        self.samples: dict[tuple[int, ...], tuple[list[torch.Tensor], tuple[float, ...]]] = {}
 
 
 class Collector:
@@ -269,8 +269,7 @@ class Collector:
         plan = self.plan
         params, rows, grad_norms, weight_norms, buffers, extra, scale = pending
         torch._foreach_sub_(buffers, params)  # the value before the step, minus after: -update (of the samples)
-        update_norms = torch.stack(torch._foreach_norm(buffers))
-        weights = torch.stack(weight_norms)
+        update_norms = torch._foreach_norm(buffers)
         blocks: list[Block] = []
         values: list[torch.Tensor] = []
         if self._actv_rows:
@@ -280,11 +279,9 @@ class Collector:
         for block, tensor in extra:
             blocks.append(block)
             values.append(tensor)
-        blocks += [Block("_gnorm", rows, _NORM), Block("_unorm", rows, _NORM), Block("_wnorm", rows, _NORM)]
-        if scale is not None:  # sampled: the ratio of the samples' norms, the update's norm scaled to the whole
-            values += [torch.stack(grad_norms), update_norms * scale, weights * scale]
-        else:
-            values += [torch.stack(grad_norms), update_norms, weights]
+        # sampled: the ratio is the samples' norms' ratio; the worker scales the update's norm to the whole
+        blocks += [Block("_gnorm", rows, _NORM), Block("_unorm", rows, _NORM, scale), Block("_wnorm", rows, _NORM)]
+        values.append(torch.stack([*grad_norms, *update_norms, *weight_norms]))  # one tensor, one read
         if plan.ur:
             torch._foreach_neg_(buffers)
             blocks.append(Block("param_update", rows, plan.value_ops))
@@ -293,7 +290,8 @@ class Collector:
             self._moments(opt, params, rows, blocks, values)
         if self._roots:
             blocks.append(Block("_loss", (("loss", None, "", ""),), ("value",)))
-            values.append(torch.stack(self._roots).float().mean().reshape(1))
+            roots = self._roots
+            values.append(roots[0] if len(roots) == 1 else torch.stack(roots).float().mean())
             self._roots = []
         if self._struct is not None:
             self.worker.submit(("struct", self._struct))
@@ -333,7 +331,7 @@ class Collector:
         return buf
 
     def _samples(self, state: _Opt, params: list[torch.Tensor], key: tuple[int, ...], sample: int
-                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+                 ) -> tuple[list[torch.Tensor], tuple[float, ...]]:
         """Each parameter, or a fixed strided view of at most ``sample`` of its elements (a contiguous one), and per
         parameter the factor that scales a sample's norm to the whole (1 where the whole is taken)."""
         cached = state.samples.get(key)
@@ -350,8 +348,7 @@ class Collector:
             else:
                 views.append(p.detach())
                 factors.append(1.0)
-        device = params[0].device
-        result = (views, torch.tensor(factors, dtype=torch.float32, device=device))
+        result = (views, tuple(factors))
         state.samples[key] = result
         return result
 

@@ -36,6 +36,7 @@ class Block:
     prefix: str
     rows: tuple[tuple[str, int | None, str, str], ...]  #: (name, micro_step or None, shape, dtype)
     stats: tuple[str, ...]
+    scales: tuple[float, ...] | None = None  #: ``_unorm``: each row's factor from a sample's norm to the whole
 
     @property
     def size(self) -> int:
@@ -174,7 +175,8 @@ class Worker:
     def _packet(self, packet: Packet) -> None:
         values: list[float] = []
         for part in packet.values:  # tensors (one host read each, here, off the training thread) or numbers
-            values.extend(part.tolist() if hasattr(part, "tolist") else [part])
+            got = part.tolist() if hasattr(part, "tolist") else part
+            values.extend(got if isinstance(got, list) else [got])
         tables: dict[str, tuple[Block, list[float]]] = {}
         at = 0
         for block in packet.blocks:
@@ -189,6 +191,8 @@ class Worker:
             self._block(step, Block("grad_reduced", block.rows, block.stats), vals, found)
         if "param_update" not in tables and "_unorm" in tables:
             block, vals = tables["_unorm"]
+            if block.scales is not None:
+                vals = [v * f for v, f in zip(vals, block.scales)]
             self._block(step, Block("param_update", block.rows, block.stats), vals, found)
         if "_unorm" in tables and "_wnorm" in tables:
             block, updates = tables["_unorm"]

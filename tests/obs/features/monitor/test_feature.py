@@ -157,3 +157,21 @@ def test_parameters_without_gradients_are_left_out(tmp_path, grads):
     _train(2, model=model)
     names = {s.name for s in _run().series if s.prefix == "grad_reduced"}
     assert ("0.weight" in names) is grads and "2.weight" in names
+
+
+def test_sampled_update_norms_agree_with_exact_ones(tmp_path):
+    """A large parameter's update norm from a strided sample of 1,024 of its 8,192 elements, scaled to the whole, and
+    its ratio, are within a few percent of the exact ones; small parameters are exact either way."""
+    got = {}
+    for sample in (0, 1024):
+        obs.set_context(env_config_path=str(_config(tmp_path, enable=True, update_sample=sample)))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 2))
+        _train(3, model=model)
+        got[sample] = {(s.prefix, s.name): s.values for s in _run().series if s.prefix in ("param_update",
+                                                                                             "update_ratio")}
+        obs.reset_context()
+    exact, sampled = got[0], got[1024]
+    assert exact.keys() == sampled.keys()
+    for key in exact:
+        assert sampled[key] == pytest.approx(exact[key], rel=0.1 if key[1].endswith("weight") else 1e-6), key
