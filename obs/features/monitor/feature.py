@@ -32,6 +32,17 @@ def output_root(section: Mapping[str, Any], environ: Mapping[str, str] | None = 
     return os.path.abspath(env.text(env.MONITOR_OUTPUT_DIR, "", environ) or section.get("path") or "monitor_output")
 
 
+def _ring_marker(anomaly: Any, kind: str) -> None:
+    """An anomaly as a marker in the RDR ring, when the recorder is on: bundles (and ``obs rdr events --kind
+    marker``) show it beside the step it came in."""
+    from obs.features.rdr.feature import recorder
+
+    live = recorder()
+    if live is not None:
+        live.marker("anomaly", monitor_step=anomaly.step, monitor_kind=kind, tensor=anomaly.name, series=anomaly.prefix,
+                    stat=anomaly.stat, value=anomaly.value, baseline=anomaly.baseline, rule=anomaly.rule)
+
+
 class Monitor:
     """One run: its folder, its hooks and its worker thread."""
 
@@ -56,7 +67,7 @@ class Monitor:
             safe_files.ensure_dir(self.folder)
         rules = rules_from(settings["window"], settings["warmup"], settings["threshold"], settings["alert"])
         self.worker = Worker(self.folder, detector=Detector(rules), ndigits=settings["ndigits"],
-                             per_file=settings["step_count_per_record"])
+                             per_file=settings["step_count_per_record"], on_anomaly=_ring_marker)
         meta = {**process_meta(rank, world_size), "settings": {
             k: settings[k] for k in ("ops", "eps", "window", "warmup", "threshold", "alert", "step_count_per_record",
                                      "start_step", "step_interval", "targets", "update_sample")}}

@@ -7,10 +7,10 @@ An anomaly writes one line on stderr (at most :data:`LINES_PER_STEP` per step, t
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
-import queue
 import sys
 import threading
 import time
@@ -26,6 +26,7 @@ from obs.features.monitor.layout import META, PREFIXES, SCHEMA_VERSION, columns,
 __all__ = ["LINES_PER_STEP", "Anomaly", "Block", "Packet", "Worker"]
 
 LINES_PER_STEP = 5
+DRAIN_S = 0.05  #: how often the worker takes what the training thread handed over
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,6 @@ class Anomaly:
 
 @dataclass
 class _Counts:
-    submitted: int = 0
     done: int = 0
     anomalies: list[Anomaly] = field(default_factory=list)
 
@@ -85,12 +85,16 @@ class Worker:
     """Writes CSV rows and judges values on its own thread (``obs-monitor``)."""
 
     def __init__(self, folder: str | None, *, detector: Detector, ndigits: int, per_file: int,
-                 stream: Any = None) -> None:
+                 stream: Any = None, on_anomaly: Any = None) -> None:
         self.folder, self.detector, self.ndigits, self.per_file = folder, detector, ndigits, per_file
         self.stream = stream
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.on_anomaly = on_anomaly  #: called with each reported anomaly (the RDR ring's marker)
+        self._items: collections.deque[Any] = collections.deque()  # appended by the training thread, no lock
+        self._wake = threading.Event()
+        self._stop = False
         self._cond = threading.Condition()
         self._counts = _Counts()
+        self._submitted = 0  # only the training thread counts (itertools-free: one int add)
         self._files: dict[str, tuple[int, int]] = {}  # prefix -> (chunk start, fd)
         self._loss_from_scalar = False
         self._lines: dict[tuple[str, tuple[str, ...]], list[str]] = {}
@@ -100,24 +104,29 @@ class Worker:
 
     # -- the training thread's side ---------------------------------------------------------------
     def submit(self, item: Any) -> None:
-        with self._cond:
-            self._counts.submitted += 1
-        self._queue.put(item)
+        """Hand over one item: an append, no wake-up (the worker drains every :data:`DRAIN_S` seconds, so the
+        training thread pays no thread switch per step)."""
+        self._submitted += 1
+        self._items.append(item)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until everything submitted so far is written and judged."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        target = self._submitted
+        self._wake.set()
         with self._cond:
-            target = self._counts.submitted
             while self._counts.done < target:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._cond.wait(left)
+                if not self._thread.is_alive():
+                    return False
+                self._cond.wait(left if left is not None else 1.0)
         return True
 
     def close(self, timeout: float = 30.0) -> None:
-        self._queue.put(None)
+        self._stop = True
+        self._wake.set()
         self._thread.join(timeout)
         for _, fd in self._files.values():
             os.close(fd)
@@ -130,25 +139,32 @@ class Worker:
 
     # -- the worker's side --------------------------------------------------------------------------
     def _run(self) -> None:
+        items = self._items
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            try:
-                if isinstance(item, Packet):
-                    self._packet(item)
-                elif item[0] == "meta":
-                    self._meta(item[1])
-                elif item[0] == "loss":
-                    self._loss(item[1], float(item[2]))
-                elif item[0] == "struct":
-                    self._struct(item[1])
-            except Exception as exc:  # noqa: BLE001 - reported; the monitor's bug never reaches training
-                report_internal_error("monitor worker", exc)
-            finally:
+            self._wake.wait(DRAIN_S)
+            self._wake.clear()
+            stopping = self._stop
+            done = 0
+            while items:
+                item = items.popleft()
+                done += 1
+                try:
+                    if isinstance(item, Packet):
+                        self._packet(item)
+                    elif item[0] == "meta":
+                        self._meta(item[1])
+                    elif item[0] == "loss":
+                        self._loss(item[1], float(item[2]))
+                    elif item[0] == "struct":
+                        self._struct(item[1])
+                except Exception as exc:  # noqa: BLE001 - reported; the monitor's bug never reaches training
+                    report_internal_error("monitor worker", exc)
+            if done:
                 with self._cond:
-                    self._counts.done += 1
+                    self._counts.done += done
                     self._cond.notify_all()
+            if stopping:
+                return
 
     def _meta(self, meta: dict[str, Any]) -> None:
         if self.folder is None:
@@ -295,6 +311,8 @@ class Worker:
         lines = []
         for a in found[:LINES_PER_STEP]:
             kind = PREFIXES.get(a.prefix, ("", ""))[0] or ("loss" if a.name == "loss" else "wg")
+            if self.on_anomaly is not None:
+                self.on_anomaly(a, kind)
             where = a.name if a.micro is None else f"{a.name} (call {a.micro})"
             lines.append(f"obs: monitor: step {step}: {kind} {where} {a.prefix}/{a.stat} = {a.value:.4g}, baseline "
                          f"{a.baseline:.4g} ({a.rule}, score {a.score:.3g})\n")

@@ -175,3 +175,26 @@ def test_sampled_update_norms_agree_with_exact_ones(tmp_path):
     assert exact.keys() == sampled.keys()
     for key in exact:
         assert sampled[key] == pytest.approx(exact[key], rel=0.1 if key[1].endswith("weight") else 1e-6), key
+
+
+def test_an_anomaly_is_a_marker_in_the_rdr_ring(tmp_path):
+    """With the recorder on, each reported anomaly is a marker event: a bundle shows it."""
+    from recorder.bundle_reader import load_bundle
+
+    path = tmp_path / "obs.json"
+    path.write_text(json.dumps({"monitor": {"enable": True, "path": str(tmp_path / "out"), "warmup": 5,
+                                            "xy_distribution": True, "targets": {"0": {}}},
+                                "rdr": {"enable": True, "path": str(tmp_path / "rdr"), "granularity": "step"}}))
+    obs.set_context(env_config_path=str(path))
+    torch.manual_seed(0)
+    model = mlp(8, 8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for n in range(12):
+        model(torch.randn(4, 8) * (1e3 if n == 10 else 1.0)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    assert feature.monitor.flush(TIMEOUT)
+    bundle = load_bundle(obs.rdr.dump("check"))
+    markers = [e for e in bundle.events({"marker"}) if e.get("marker") == "anomaly"]
+    assert markers and markers[0]["monitor_step"] == 10 and markers[0]["monitor_kind"] == "xy"
+    assert markers[0]["tensor"] == "0.input"
