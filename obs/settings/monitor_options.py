@@ -254,6 +254,9 @@ def load_msprobe_config(path: str) -> dict[str, Any]:
     except OSError as exc:
         raise ObsConfigError(f"monitor.config_file {path}: cannot be read ({exc.strerror or exc})",
                              option="monitor.config_file", value=path, source=path) from None
+    except UnicodeDecodeError as exc:
+        raise ObsConfigError(f"monitor.config_file {path}: is not UTF-8 text (byte offset {exc.start})",
+                             option="monitor.config_file", value=path, source=path) from None
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:

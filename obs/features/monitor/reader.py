@@ -109,6 +109,7 @@ def read_run(folder: str) -> MonitorRun:
             raise DamagedFileError(f"{meta_path}: not readable JSON ({exc})", path=meta_path) from None
         if not isinstance(meta, dict) or meta.get("format") != "obs-monitor":
             raise DamagedFileError(f"{meta_path}: not an obs monitor metadata file", path=meta_path)
+        meta = _checked_meta(meta, meta_path)
     match = RUN_FOLDER.fullmatch(os.path.basename(os.path.normpath(folder)))
     rank = meta.get("rank") if isinstance(meta.get("rank"), int) else (int(match.group(2)) if match else None)
     data: dict[tuple[str, str, int | None, str], dict[int, float]] = {}
@@ -125,9 +126,37 @@ def read_run(folder: str) -> MonitorRun:
     return MonitorRun(folder, rank, meta, series, problems)
 
 
+def _checked_meta(meta: dict[str, Any], path: str) -> dict[str, Any]:
+    """``monitor.json``'s settings, modules and parameters checked as the settings' table checks them."""
+    from obs.settings.monitor_options import MONITOR_OPTIONS
+
+    settings = meta.get("settings", {})
+    if not isinstance(settings, dict):
+        raise DamagedFileError(f"{path}: 'settings' must be an object", path=path)
+    checked = {}
+    for key, value in settings.items():
+        if key in MONITOR_OPTIONS:
+            try:
+                checked[key] = MONITOR_OPTIONS[key].check(value, key)
+            except (ValueError, TypeError) as exc:
+                raise DamagedFileError(f"{path}: {exc}", path=path) from None
+    for key in ("modules", "params"):
+        names = meta.get(key, [])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise DamagedFileError(f"{path}: {key!r} must be a list of names", path=path)
+    if meta.get("rank") is not None and (not isinstance(meta["rank"], int) or isinstance(meta["rank"], bool)):
+        raise DamagedFileError(f"{path}: 'rank' must be an integer", path=path)
+    return {**meta, "settings": checked}
+
+
 def _read_csv(path: str, prefix: str, data: dict[Any, dict[int, float]], problems: list[str]) -> None:
-    with open(path, encoding="utf-8", newline="") as fh:
-        text = fh.read(_LIMIT)
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            text = fh.read(_LIMIT)
+    except UnicodeDecodeError as exc:
+        raise DamagedFileError(f"{path}: not UTF-8 text (byte offset {exc.start})", path=path) from None
+    if "\x00" in text:
+        raise DamagedFileError(f"{path}: holds a NUL byte (offset {text.index(chr(0))})", path=path)
     if not text:
         return
     cut = not text.endswith("\n")
@@ -156,10 +185,15 @@ def _read_csv(path: str, prefix: str, data: dict[Any, dict[int, float]], problem
         at = lead.index("name")
         name = row[at]
         step = _number(row[lead.index("step")], path, line, "step")
-        if not float(step).is_integer():
+        if not (math.isfinite(step) and step.is_integer()):
             raise DamagedFileError(f"{path}:{line}: step must be an integer (got {row[lead.index('step')]!r})",
                                    path=path)
-        micro = int(_number(row[len(lead) - 1], path, line, "micro_step")) if has_micro else None
+        micro = None
+        if has_micro:
+            value = _number(row[len(lead) - 1], path, line, "micro_step")
+            if not (math.isfinite(value) and value.is_integer()):
+                raise DamagedFileError(f"{path}:{line}: micro_step must be an integer", path=path)
+            micro = int(value)
         for stat, cell in zip(stats, row[len(lead):]):
             if stat in ("shape", "dtype"):
                 continue
