@@ -19,8 +19,10 @@ reads them (one host read per step, off the training thread; on CUDA the trainin
 device).  Nothing here changes what the model computes: every op runs under ``torch.no_grad()`` on the hooks'
 own tensors, with obs's other hooks suppressed.
 
-Parameter names come from the first module called (the model, its root): a global forward pre-hook stays installed
-only until then.  Steps count optimizer steps from 0, as msprobe does.
+Parameter names come from the model, found at the first optimizer step among the locals and globals of the frames
+that called it (no global module hook: ``torch.compile`` warns about those); with activations on, from the first
+module called (the model), through a global forward pre-hook installed only until then.  Steps count optimizer steps
+from 0, as msprobe does.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
+import sys
 import time
 import weakref
 from collections.abc import Mapping
@@ -116,7 +119,8 @@ class Collector:
         self._handles = [torch_optimizer.register_optimizer_step_pre_hook(self._pre),
                          torch_optimizer.register_optimizer_step_post_hook(self._post)]
         self._backward = AutogradCall(torch.autograd, "backward", on_start=self._root)
-        self._discover_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._discover)
+        if self.plan.xy or self.plan.print_struct:  # activations from the first forward on: hooks before it
+            self._discover_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._discover)
         scalars.set_tap(self._scalar)
         return self
 
@@ -142,6 +146,34 @@ class Collector:
             self._learn(module)
         except Exception as exc:  # noqa: BLE001 - reported; never raised into the forward
             report_internal_error("monitor: module names", exc)
+
+    def _find_model(self, params: list[torch.Tensor]) -> None:
+        """The model of an optimizer's parameters, from the frames that called ``optimizer.step()`` (their locals and
+        globals, and one level of attributes: ``self.model``): the module holding most of them, the largest on a
+        tie.  No global module hook, so ``torch.compile`` sees none (it warns when there is one)."""
+        want = {id(p) for p in params}
+        best: tuple[int, int, Any] = (0, 0, None)
+        seen: set[int] = set()
+        frame = sys._getframe(1)
+        for _ in range(40):
+            if frame is None:
+                break
+            for scope in (frame.f_locals, frame.f_globals):
+                for value in list(scope.values()):
+                    candidates = [value] if isinstance(value, torch.nn.Module) else [
+                        v for v in getattr(value, "__dict__", {}).values() if isinstance(v, torch.nn.Module)
+                    ] if not isinstance(value, type) and hasattr(value, "__dict__") else []
+                    for module in candidates:
+                        if id(module) in seen:
+                            continue
+                        seen.add(id(module))
+                        mine = [id(p) for p in module.parameters()]
+                        got = (sum(1 for i in mine if i in want), len(mine), module)
+                        if got[:2] > best[:2]:
+                            best = got
+            frame = frame.f_back
+        if best[2] is not None:
+            self._learn(best[2])
 
     def _learn(self, root: torch.nn.Module) -> None:
         for name, param in root.named_parameters():
@@ -234,6 +266,8 @@ class Collector:
         key = tuple(map(id, params))
         rows = state.rows.get(key)
         if rows is None:
+            if any(id(p) not in self._names for p in params):
+                self._find_model(params)
             rows = state.rows[key] = tuple((self._name(p, i), None, _shape(p), str(p.dtype))
                                            for i, p in enumerate(params))
             self._params = [r[0] for r in rows]
@@ -318,9 +352,7 @@ class Collector:
 
     def _name(self, param: torch.Tensor, index: int) -> str:
         name = self._names.get(id(param))
-        if name is None:  # a parameter of no module called yet: named by its place, and the names learnt again
-            if self._discover_handle is None:
-                self._discover_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._discover)
+        if name is None:  # a parameter of no model found: named by its place in the optimizer
             return f"param_{index}"
         return name
 

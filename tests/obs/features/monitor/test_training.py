@@ -178,3 +178,28 @@ def test_a_bad_batch_is_first_seen_in_the_first_layers_activations(tmp_path):
     first = explain(read_run(folder)).first
     assert first is not None
     assert (first.step, first.kind, first.stage, first.name) == (150, "xy", "forward", "0.input")
+
+
+def test_a_compiled_model_runs_and_compiles_as_before(tmp_path, recwarn):
+    """torch.compile (aot_eager): the same losses and Dynamo frame counts with the monitor on, no graph break, no
+    warning (the model is found from the caller's frames, without a global module hook), and its parameters named."""
+    from tests.training import mlp, train_compiled
+
+    config = tmp_path / "obs.json"
+    config.write_text(json.dumps({"monitor": {"enable": True, "path": str(tmp_path / "out")}}))
+    runs = []
+    for on in (False, True):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        if on:
+            obs.set_context(env_config_path=str(config))
+        runs.append(train_compiled(mlp(8, 16, 2), 5, lambda g=g: (torch.randn(4, 8, generator=g),),
+                                   backend="aot_eager"))
+        if on:
+            assert feature.monitor.flush()
+            names = {s.name for s in read_run(feature.monitor.folder).series if s.prefix == "grad_reduced"}
+            obs.reset_context()
+    plain, watched = runs
+    assert watched.losses == plain.losses and watched.frames == plain.frames and not watched.breaks
+    assert names == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert not [w for w in recwarn if "global hooks" in str(w.message)]
