@@ -110,6 +110,7 @@ class Collector:
         self._struct: dict[str, dict[str, Any]] | None = {} if plan.print_struct else None
         self._handles: list[Any] = []
         self._module_hooks: list[Any] = []
+        self._hooked: set[int] = set()
         self._discover_handle: Any = None
         self._backward: AutogradCall | None = None
         self._meta_sent: tuple[int, int] = (-1, -1)
@@ -160,10 +161,7 @@ class Collector:
                 break
             for scope in (frame.f_locals, frame.f_globals):
                 for value in list(scope.values()):
-                    candidates = [value] if isinstance(value, torch.nn.Module) else [
-                        v for v in getattr(value, "__dict__", {}).values() if isinstance(v, torch.nn.Module)
-                    ] if not isinstance(value, type) and hasattr(value, "__dict__") else []
-                    for module in candidates:
+                    for module in _modules_in(value):
                         if id(module) in seen:
                             continue
                         seen.add(id(module))
@@ -182,11 +180,14 @@ class Collector:
         self._modules = [name for name, _ in modules]
         if self.plan.xy or self._struct is not None:
             for name, module in modules:
+                if id(module) in self._hooked:  # a model learnt twice (a second optimizer's): hooked once
+                    continue
                 if self._struct is not None or self.plan.all_xy or _matches(name, self.plan.targets, modules=True):
-                    self._module_hooks.append(module.register_forward_hook(self._make_xy(name, module)))
+                    self._hooked.add(id(module))
+                    self._module_hooks.append(module.register_forward_hook(self._make_xy(name)))
 
     # -- forward: activations ----------------------------------------------------------------------------
-    def _make_xy(self, name: str, module: torch.nn.Module) -> Any:
+    def _make_xy(self, name: str) -> Any:
         plan, me = self.plan, self
         watched = plan.xy and (plan.all_xy or _matches(name, plan.targets, modules=True))
 
@@ -383,6 +384,19 @@ class Collector:
         result = (views, tuple(factors))
         state.samples[key] = result
         return result
+
+
+def _modules_in(value: Any) -> list[torch.nn.Module]:
+    """A module, or the modules among an object's attributes (a trainer's ``self.model``)."""
+    if isinstance(value, torch.nn.Module):
+        return [value]
+    if isinstance(value, type) or not hasattr(value, "__dict__"):
+        return []
+    try:
+        attrs = vars(value)
+    except TypeError:
+        return []
+    return [v for v in attrs.values() if isinstance(v, torch.nn.Module)]
 
 
 def _clean(name: str) -> str:
