@@ -198,3 +198,12 @@ def test_an_anomaly_is_a_marker_in_the_rdr_ring(tmp_path):
     markers = [e for e in bundle.events({"marker"}) if e.get("marker") == "anomaly"]
     assert markers and markers[0]["monitor_step"] == 10 and markers[0]["monitor_kind"] == "xy"
     assert markers[0]["tensor"] == "0.input"
+
+
+def test_config_check_says_what_the_monitor_turns_on(tmp_path, capsys):
+    from obs.cli import main
+
+    path = _config(tmp_path, enable=True, xy_distribution=True)
+    assert main(["config", "check", str(path)]) == 0
+    assert f"training-health monitor ON: gradient and update norms, update ratios, loss + activations; CSV files " \
+           f"under {tmp_path / 'out'}/" in capsys.readouterr().out
