@@ -358,9 +358,12 @@ class Collector:
         return name
 
     def _buffer(self, state: _Opt, like: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """The buffer of a parameter's value before the step: float32 for 16-bit parameters, so that the difference
+        (a small change of a large value) is not rounded to 16 bits."""
+        dtype = torch.float32 if like.dtype in (torch.bfloat16, torch.float16) else like.dtype
         buf = state.buffers.get(id(param))
-        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype or buf.device != like.device:
-            buf = state.buffers[id(param)] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+        if buf is None or buf.shape != like.shape or buf.dtype != dtype or buf.device != like.device:
+            buf = state.buffers[id(param)] = torch.empty(like.shape, dtype=dtype, device=like.device)
         return buf
 
     def _samples(self, state: _Opt, params: list[torch.Tensor], key: tuple[int, ...], sample: int

@@ -207,3 +207,17 @@ def test_config_check_says_what_the_monitor_turns_on(tmp_path, capsys):
     assert main(["config", "check", str(path)]) == 0
     assert f"training-health monitor ON: gradient and update norms, update ratios, loss + activations; CSV files " \
            f"under {tmp_path / 'out'}/" in capsys.readouterr().out
+
+
+def test_a_bfloat16_models_updates_are_measured_in_float32(tmp_path):
+    """The value before the step is kept in float32: the update norm is the exact difference of the bf16 values."""
+    obs.set_context(env_config_path=str(_config(tmp_path, enable=True, update_sample=0)))
+    torch.manual_seed(0)
+    model = mlp(8, 8, 2).to(torch.bfloat16)
+    before = model[0].weight.detach().float().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 8, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+    opt.step()
+    exact = float((model[0].weight.detach().float() - before).norm())
+    update = next(s for s in _run().series if (s.prefix, s.name) == ("param_update", "0.weight"))
+    assert exact > 0 and update.values[0] == pytest.approx(exact, rel=1e-5)
