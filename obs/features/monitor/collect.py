@@ -103,6 +103,7 @@ class Collector:
         self._params: list[str] = []
         self._roots: list[torch.Tensor] = []  # backward()'s one-element roots since the last step
         self._backward_step = 0
+        self._step_now = 0  # the first optimizer's step count: the step of forward and backward work
         self._scalar_loss = False
         self._actv_rows: list[tuple[str, int | None, str, str]] = []
         self._actv_values: list[torch.Tensor] = []
@@ -240,9 +241,7 @@ class Collector:
             report_internal_error("monitor: loss", exc)
 
     def _current_step(self) -> int:
-        for state in self._opts.values():
-            return state.step
-        return 0
+        return self._step_now
 
     # -- the optimizer step -------------------------------------------------------------------------------
     def _pre(self, opt: Any, args: Any, kwargs: Any) -> None:
@@ -290,6 +289,8 @@ class Collector:
             return
         step, pending, state.pending = state.step, state.pending, None
         state.step += 1
+        if state is next(iter(self._opts.values()), None):
+            self._step_now = state.step
         if pending is None:
             self._roots.clear()
             self._actv_rows, self._actv_values, self._calls = [], [], {}
