@@ -18,6 +18,7 @@ from obs._core.version import __version__
 from obs.features import device as _device
 from obs.features import device_context, dump, graphs, ops, profiling, rdr
 from obs.features import env_config as _env_config
+from obs.features import monitor as _monitor
 from obs.features import printing as _printing
 from obs.features import torch_check as _torch_check
 from obs.features.dump import feature as _dump
@@ -81,7 +82,7 @@ def __dir__() -> list[str]:
 
 #: Every feature's applier, in the order a settings change reaches them.
 FEATURES = (_torch_check.feature, _env_config.feature, _device.feature, _printing.feature, rdr.feature,
-            profiling.feature, _dump.feature, graphs.feature)
+            profiling.feature, _dump.feature, graphs.feature, _monitor.feature)
 
 
 class _PublicPaths:

@@ -35,6 +35,9 @@ MS_DEV_SAVE_GRAPHS_PATH = "MS_DEV_SAVE_GRAPHS_PATH"
 MS_DIAGNOSTIC_DATA_PATH = "MS_DIAGNOSTIC_DATA_PATH"
 MINDSPORE_DUMP_CONFIG = "MINDSPORE_DUMP_CONFIG"
 
+# msprobe's
+MONITOR_OUTPUT_DIR = "MONITOR_OUTPUT_DIR"  #: the training-health monitor's output folder (over monitor.path)
+
 # torchrun's and torch's
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"

@@ -199,6 +199,29 @@ def build_parser() -> argparse.ArgumentParser:
                    "a plot of the error against the op index")
     d.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
+    p = sub.add_parser("monitor", help="the training-health monitor's runs: the series that moved most, the "
+                       "anomalies in causal order", description="Views of a monitor run folder (msprobe's CSV "
+                       "layout; PATH may be the folder of runs, the newest is read). --json: one JSON document. "
+                       "explain exits 1 when it finds an anomaly; 1 on a damaged file, 2 on bad input.")
+    msub = p.add_subparsers(dest="monitor_command", metavar="ACTION")
+    msub.required = True
+    m = msub.add_parser("show", help="a per-step table of the series that moved most")
+    m.add_argument("path", help="a run folder ({time}-rank{r}-{id}) or the folder of runs (monitor.path)")
+    m.add_argument("--top", type=int, default=6, metavar="K", help="series shown (default 6)")
+    m.add_argument("--step", type=int, default=None, metavar="N", help="center the table on step N (default: the "
+                   "top series' peak)")
+    m.add_argument("--rows", type=int, default=12, metavar="R", help="steps shown (default 12)")
+    m.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    m = msub.add_parser("explain", help="the anomalies in causal order: step, then forward in module order, "
+                        "backward in reverse, then the optimizer; the first names the series that left its history "
+                        "first; exit 1 when there is one")
+    m.add_argument("path", help="a run folder ({time}-rank{r}-{id}) or the folder of runs (monitor.path)")
+    m.add_argument("--step", type=int, default=None, metavar="N", help="only the window of steps N-SPAN..N+SPAN")
+    m.add_argument("--span", type=int, default=20, help="the window's half width with --step (default 20)")
+    m.add_argument("--limit", type=int, default=30, help="anomalies listed (default 30; --json lists all)")
+    m.add_argument("--json", action="store_true", help="machine-readable output (one JSON document: first, "
+                   "anomalies, loss_step, lead_steps)")
+
     p = sub.add_parser("native", help="obs's native extensions: which are in use, and why not; build them ahead "
                        "of time", description="Every native part has a Python path that does the same work. "
                        "OBS_NATIVE=0 asks for the Python path of every part, OBS_NATIVE_<PART>=0 for one. "
@@ -351,6 +374,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.graph_command == "diff":
             return graph_view.run_diff(args.a, args.b, as_json=args.json)
         return graph_view.run_render(args.file, output=args.output, fmt=args.format)
+    if args.command == "monitor":
+        from obs.cli import _monitor_view as monitor_view
+
+        if args.monitor_command == "show":
+            return monitor_view.run_show(args.path, top=args.top, step=args.step, rows=args.rows, as_json=args.json)
+        return monitor_view.run_explain(args.path, step=args.step, span=args.span, limit=args.limit,
+                                        as_json=args.json)
     if args.command == "native":
         from obs.cli._native_view import run_native
 

@@ -37,6 +37,19 @@ def describe(cfg: EnvConfig) -> list[str]:
     if cfg.values.get("nan_check", {}).get("enable"):
         lines.append(f"NaN/Inf check ON at {cfg.values['nan_check']['granularity']} granularity "
                      f"(then {cfg.values['nan_check']['action']})")
+    monitor = cfg.values.get("monitor", {})
+    if monitor.get("enable"):
+        from obs.features.monitor.feature import output_root
+        from obs.settings.monitor_options import merged
+
+        m = merged(monitor, cfg.origins.get("monitor", {}))
+        extra = [what for key, what in (("xy_distribution", "activations"), ("wg_distribution", "every gradient "
+                 "statistic"), ("ur_distribution", "every update statistic"), ("mv_distribution", "Adam's moments"))
+                 if m.get(key)]
+        files = "no files (format api)" if m["format"] == "api" else f"CSV files under {output_root(m)}/"
+        lines.append(f"training-health monitor ON: gradient and update norms, update ratios, loss"
+                     f"{' + ' + ', '.join(extra) if extra else ''}; {files}"
+                     f"{'; msprobe config ' + m['config_file'] if m['config_file'] else ''}")
     if cfg.values.get("dump", {}).get("common_dump_settings"):
         from obs.settings.dump_config import describe_dump, parse_dump_config
 

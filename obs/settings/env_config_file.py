@@ -1,4 +1,4 @@
-"""``env_config_path``: the JSON file of the rdr/profiler/sys sections, its environment variables and precedence.
+"""``env_config_path``: the JSON file of the rdr/profiler/sys/... sections, its environment variables and precedence.
 
 Sections are option tables like ``set_context``'s; later features add sections and rows here.
 Precedence (one function, :func:`resolve`): defaults < ``MS_RDR_*`` environment < the file.
@@ -26,6 +26,7 @@ from obs.settings._validators import (
     show,
 )
 from obs.settings.dump_config import JsonObject, check_dump_section
+from obs.settings.monitor_options import MONITOR_OPTIONS, check_monitor_section
 from obs.settings.profiler_options import METRICS_OPTIONS, Endpoint, Levels, Steps, Window
 from recorder.layout import DEFAULT_CAPACITY, check_capacity
 
@@ -107,6 +108,7 @@ SECTIONS: dict[str, OptionTable] = {
         Option("save_graphs_path", _ABS, "", "Absolute folder of graph dumps (empty: save_graphs_path, else "
                "MS_DEV_SAVE_GRAPHS_PATH, else the working directory)."),
     ]),
+    "monitor": MONITOR_OPTIONS,
 }
 
 #: Spellings accepted for a key (MindSpore's docs spell ``mem_reuse`` as ``mem_Reuse``).
@@ -246,7 +248,8 @@ def _ring_fits(values: Mapping[str, Any]) -> str:
 
 
 #: Checks of a whole section after its keys passed: message, or "" when the section is fine.
-SECTION_CHECKS: dict[str, list[Any]] = {"rdr": [_ring_fits], "dump": [check_dump_section]}
+SECTION_CHECKS: dict[str, list[Any]] = {"rdr": [_ring_fits], "dump": [check_dump_section],
+                                         "monitor": [check_monitor_section]}
 
 
 def show_json(value: Any) -> str:

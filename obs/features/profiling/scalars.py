@@ -25,10 +25,11 @@ from recorder.layout import SCALAR_SLOT, Kind
 if TYPE_CHECKING:
     from recorder.ring import RingWriter
 
-__all__ = ["ScalarWriter", "attach", "detach", "scalar"]
+__all__ = ["ScalarWriter", "attach", "detach", "scalar", "set_tap"]
 
 _write: Callable[[str, Any], None] | None = None  # the write of the ScalarWriter in force; None: metrics off
 _writer: ScalarWriter | None = None
+_tap: Callable[[str, Any], None] | None = None  # the training-health monitor's reader of scalars; None: monitor off
 
 
 class _Unknown:
@@ -43,6 +44,9 @@ def scalar(name: str, value: Any) -> None:
     without blocking and read once the copy is done.  Raises TypeError for a name that is not a non-empty
     str or a value that is not a number, ValueError for a tensor of more than one element.
     """
+    tap = _tap
+    if tap is not None:
+        tap(name, value)
     write = _write
     if write is not None:
         write(name, value)
@@ -141,6 +145,12 @@ class ScalarWriter:
     def pending(self) -> int:
         """Device copies whose slots are not written yet."""
         return self._poller.pending
+
+
+def set_tap(tap: Callable[[str, Any], None] | None) -> None:
+    """Hand every ``obs.scalar`` call to ``tap(name, value)`` too (the training-health monitor's loss); None: stop."""
+    global _tap
+    _tap = tap
 
 
 def attach(writer: ScalarWriter) -> None:

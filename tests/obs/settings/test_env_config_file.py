@@ -25,6 +25,7 @@ def test_full_file_is_read(tmp_path):
         assert config.pop(section)["enable"] is False
     assert config.pop("dump") == {"common_dump_settings": {}, "e2e_dump_settings": {}}
     assert config.pop("graphs") == {"save_graphs": 0, "save_graphs_path": ""}
+    assert config.pop("monitor")["enable"] is False
     assert config == {"rdr": {"enable": True, "mode": 2, "path": str(tmp_path), "granularity": "module",
                               "capacity": {}, "hang_action": "dump", "memory_history": 0},
                       "sys": {"mem_reuse": False}}
@@ -97,7 +98,17 @@ def test_resolve_without_file_gives_defaults():
                                                          "granularity": "module", "backward": True, "path": "",
                                                          "sync": False},
                                            "dump": {"common_dump_settings": {}, "e2e_dump_settings": {}},
-                                           "graphs": {"save_graphs": 0, "save_graphs_path": ""}}
+                                           "graphs": {"save_graphs": 0, "save_graphs_path": ""},
+                                           "monitor": {"enable": False, "path": "", "config_file": "", "targets": {},
+                                                       "xy_distribution": False, "all_xy": False,
+                                                       "wg_distribution": False, "mv_distribution": False,
+                                                       "ur_distribution": False, "cc_distribution": {},
+                                                       "ops": ["norm"], "eps": 1e-8, "ndigits": 6, "alert": {},
+                                                       "format": "csv", "start_step": 0, "step_interval": 1,
+                                                       "collect_times": 100_000_000, "step_count_per_record": 100,
+                                                       "print_struct": False, "module_ranks": [], "update_sample": 4096,
+                                                       "window": 50,
+                                                       "warmup": 20, "threshold": 10.0}}
 
 
 def test_every_problem_of_a_file_is_reported_at_once_in_json_words(tmp_path):

@@ -1,0 +1,148 @@
+"""The monitor's applier: the env config's ``monitor`` section (and the msprobe file it names) to a running monitor.
+
+While ``monitor.enable`` is on (and this rank is one of ``module_ranks``), a :class:`Monitor` holds the hooks
+(:mod:`obs.features.monitor.collect`) and the worker thread (:mod:`obs.features.monitor.writer`).  A change of the
+section (a hot reload is applied at a step boundary, on the training thread) ends the run in force, its files
+complete, and starts one in a new run folder; switching off ends it.  At exit the last run is flushed.
+
+The output root: ``MONITOR_OUTPUT_DIR`` (as msprobe), else ``monitor.path``, else ``./monitor_output``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from obs._core import env, safe_files
+from obs.features import env_config as env_feature
+from obs.settings.monitor_options import merged
+
+__all__ = ["Monitor", "MonitorFeature", "feature", "output_root"]
+
+logger = logging.getLogger("obs")
+
+
+def output_root(section: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> str:
+    """Where runs go: ``MONITOR_OUTPUT_DIR``, else the section's ``path``, else ``./monitor_output``."""
+    return os.path.abspath(env.text(env.MONITOR_OUTPUT_DIR, "", environ) or section.get("path") or "monitor_output")
+
+
+def _ring_marker(anomaly: Any, kind: str) -> None:
+    """An anomaly as a marker in the RDR ring, when the recorder is on: bundles (and ``obs rdr events --kind
+    marker``) show it beside the step it came in."""
+    from obs.features.rdr.feature import recorder
+
+    live = recorder()
+    if live is not None:
+        live.marker("anomaly", monitor_step=anomaly.step, monitor_kind=kind, tensor=anomaly.name, series=anomaly.prefix,
+                    stat=anomaly.stat, value=anomaly.value, baseline=anomaly.baseline, rule=anomaly.rule)
+
+
+class Monitor:
+    """One run: its folder, its hooks and its worker thread."""
+
+    def __init__(self, settings: Mapping[str, Any], rank: int, world_size: int) -> None:
+        from obs.features.monitor.collect import Collector, Plan, process_meta, run_stamp
+        from obs.features.monitor.detect import Detector, rules_from
+        from obs.features.monitor.writer import Worker
+
+        targets = tuple(settings["targets"]) or ("",)
+        self.plan = Plan(ops=tuple(settings["ops"]), eps=settings["eps"], targets=targets,
+                         xy=settings["xy_distribution"], all_xy=settings["all_xy"] or (
+                             settings["xy_distribution"] and not settings["targets"]),
+                         wg=settings["wg_distribution"], mv=settings["mv_distribution"],
+                         ur=settings["ur_distribution"], start_step=settings["start_step"],
+                         step_interval=settings["step_interval"], collect_times=settings["collect_times"],
+                         print_struct=settings["print_struct"], update_sample=settings["update_sample"])
+        self.folder: str | None = None
+        if settings["format"] != "api":
+            root = output_root(settings)
+            safe_files.ensure_dir(root)
+            self.folder = os.path.join(root, f"{run_stamp()}-rank{rank}-{secrets.token_hex(4)}")
+            safe_files.ensure_dir(self.folder)
+        rules = rules_from(settings["window"], settings["warmup"], settings["threshold"], settings["alert"])
+        self.worker = Worker(self.folder, detector=Detector(rules), ndigits=settings["ndigits"],
+                             per_file=settings["step_count_per_record"], on_anomaly=_ring_marker)
+        meta = {**process_meta(rank, world_size), "settings": {
+            k: settings[k] for k in ("ops", "eps", "window", "warmup", "threshold", "alert", "step_count_per_record",
+                                     "start_step", "step_interval", "targets", "update_sample")}}
+        self.collector = Collector(self.plan, self.worker, meta).install()
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every collected step is written and judged (tests, exit)."""
+        return self.worker.flush(timeout)
+
+    def close(self) -> None:
+        self.collector.remove()
+        self.worker.flush()
+        self.worker.close()
+
+
+class MonitorFeature:
+    """Starts, restarts and stops the monitor to match the ``monitor`` section in force."""
+
+    keys = frozenset({"env_config_path"})
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.monitor: Monitor | None = None
+        self._want: Any = None
+        self._atexit = False
+        env_feature.feature.listeners.append(self.sync)
+
+    def prepare(self, values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
+        return None
+
+    def commit(self, prepared: None, values: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
+        self.sync()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def desired(self) -> dict[str, Any] | None:
+        cfg = env_feature.feature.current()
+        section = cfg.values.get("monitor", {})
+        if not section.get("enable"):
+            return None
+        return merged(section, cfg.origins.get("monitor", {}))
+
+    def sync(self) -> None:
+        with self._lock:
+            want = self.desired()
+            if want == self._want:
+                return
+            self._stop()
+            if want is not None:
+                self._start(want)
+
+    def _start(self, want: dict[str, Any]) -> None:
+        from obs.runtime import job
+
+        who = job.identity()
+        ranks = want["module_ranks"]
+        self._want = want
+        if ranks and who.rank not in ranks:
+            return
+        if want["format"] == "tensorboard":
+            logger.warning("obs: monitor: format 'tensorboard' is not written by this version of obs; the CSV files "
+                           "are written instead")
+        if want["cc_distribution"].get("enable"):
+            logger.warning("obs: monitor: cc_distribution (collectives) is accepted but not collected yet")
+        self.monitor = Monitor(want, who.rank, who.world_size)
+        if not self._atexit:
+            self._atexit = True
+            atexit.register(self.close)
+
+    def _stop(self) -> None:
+        monitor, self.monitor, self._want = self.monitor, None, None
+        if monitor is not None:
+            monitor.close()
+
+
+feature = MonitorFeature()

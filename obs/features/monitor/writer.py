@@ -1,0 +1,326 @@
+"""The monitor's worker thread: each step's values to msprobe's CSV files, judged by the anomaly rules, anomalies
+to stderr.  Off the training thread: the training thread hands over one :class:`Packet` per step (the values still in
+one tensor) and goes on; the worker reads the tensor, writes rows and runs the rules.
+
+An anomaly writes one line on stderr (at most :data:`LINES_PER_STEP` per step, then a count of the rest).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from obs._core import safe_files
+from obs._core.internal import report_internal_error
+from obs._core.outputs import wrote
+from obs.features.monitor.detect import Detector
+from obs.features.monitor.layout import META, PREFIXES, SCHEMA_VERSION, columns, is_micro
+
+__all__ = ["LINES_PER_STEP", "Anomaly", "Block", "Packet", "Worker"]
+
+LINES_PER_STEP = 5
+DRAIN_S = 0.05  #: how often the worker takes what the training thread handed over
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows of one kind of values in a packet: ``stats`` per row, in the packet's order.  A prefix starting with
+    ``_`` is an input of derived rows, not written itself (``_gnorm``, ``_unorm``, ``_wnorm``, ``_loss``)."""
+
+    prefix: str
+    rows: tuple[tuple[str, int | None, str, str], ...]  #: (name, micro_step or None, shape, dtype)
+    stats: tuple[str, ...]
+    scales: tuple[float, ...] | None = None  #: ``_unorm``: each row's factor from a sample's norm to the whole
+
+    @property
+    def size(self) -> int:
+        return len(self.rows) * len(self.stats)
+
+
+@dataclass
+class Packet:
+    """One collected step: its number, its blocks, and their values (a tensor or a list, flattened in order)."""
+
+    step: int
+    blocks: list[Block]
+    values: Any
+
+
+@dataclass
+class Anomaly:
+    """One flagged value, as the worker saw it."""
+
+    step: int
+    prefix: str
+    name: str
+    micro: int | None
+    stat: str
+    value: float
+    baseline: float
+    rule: str
+    score: float
+
+
+@dataclass
+class _Counts:
+    done: int = 0
+    anomalies: list[Anomaly] = field(default_factory=list)
+
+
+def _cell(text: str) -> str:
+    """A CSV cell as msprobe's pandas writes it: quoted when it holds a comma, a quote or a line break."""
+    if any(c in text for c in ',"\n\r'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+class Worker:
+    """Writes CSV rows and judges values on its own thread (``obs-monitor``)."""
+
+    def __init__(self, folder: str | None, *, detector: Detector, ndigits: int, per_file: int,
+                 stream: Any = None, on_anomaly: Any = None) -> None:
+        self.folder, self.detector, self.ndigits, self.per_file = folder, detector, ndigits, per_file
+        self.stream = stream
+        self.on_anomaly = on_anomaly  #: called with each reported anomaly (the RDR ring's marker)
+        self._items: collections.deque[Any] = collections.deque()  # appended by the training thread, no lock
+        self._wake = threading.Event()
+        self._stop = False
+        self._cond = threading.Condition()
+        self._counts = _Counts()
+        self._submitted = 0  # only the training thread counts (itertools-free: one int add)
+        self._files: dict[str, tuple[int, int]] = {}  # prefix -> (chunk start, fd)
+        self._loss_from_scalar = False
+        self._lines: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+        self._static: dict[str, tuple[Any, list[tuple[str, str, str]]]] = {}
+        self._thread = threading.Thread(target=self._run, name="obs-monitor", daemon=True)
+        self._thread.start()
+
+    # -- the training thread's side ---------------------------------------------------------------
+    def submit(self, item: Any) -> None:
+        """Hand over one item: an append, no wake-up (the worker drains every :data:`DRAIN_S` seconds, so the
+        training thread pays no thread switch per step)."""
+        self._submitted += 1
+        self._items.append(item)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until everything submitted so far is written and judged."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        target = self._submitted
+        self._wake.set()
+        with self._cond:
+            while self._counts.done < target:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if not self._thread.is_alive():
+                    return False
+                self._cond.wait(left if left is not None else 1.0)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout)
+        for _, fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+    @property
+    def anomalies(self) -> list[Anomaly]:
+        with self._cond:
+            return list(self._counts.anomalies)
+
+    # -- the worker's side --------------------------------------------------------------------------
+    def _run(self) -> None:
+        items = self._items
+        while True:
+            self._wake.wait(DRAIN_S)
+            self._wake.clear()
+            stopping = self._stop
+            done = 0
+            while items:
+                item = items.popleft()
+                done += 1
+                try:
+                    if isinstance(item, Packet):
+                        self._packet(item)
+                    elif item[0] == "meta":
+                        self._meta(item[1])
+                    elif item[0] == "loss":
+                        self._loss(item[1], float(item[2]))
+                    elif item[0] == "struct":
+                        self._struct(item[1])
+                except Exception as exc:  # noqa: BLE001 - reported; the monitor's bug never reaches training
+                    report_internal_error("monitor worker", exc)
+            if done:
+                with self._cond:
+                    self._counts.done += done
+                    self._cond.notify_all()
+            if stopping:
+                return
+
+    def _meta(self, meta: dict[str, Any]) -> None:
+        if self.folder is None:
+            return
+        body = {"schema_version": SCHEMA_VERSION, "format": "obs-monitor", **meta}
+        path = os.path.join(self.folder, META)
+        safe_files.write_atomic(path, json.dumps(body, indent=1), fsync=False)
+        wrote("monitor output", self.folder)
+
+    def _struct(self, struct: dict[str, Any]) -> None:
+        """msprobe's ``print_struct``: every module's inputs and outputs, once (training goes on)."""
+        if self.folder is not None:
+            safe_files.write_atomic(os.path.join(self.folder, "module_struct.json"), json.dumps(struct, indent=2),
+                                    fsync=False)
+
+    def _loss(self, step: int, value: float) -> None:
+        """A loss given through ``obs.scalar("loss", ...)``: from then on it replaces backward()'s value."""
+        self._loss_from_scalar = True
+        found: list[Anomaly] = []
+        self._row("scalars", step, "loss", None, [value], ("value",), "", "", found)
+        self._flush_lines(step)
+        self._report(step, found)
+
+    def _packet(self, packet: Packet) -> None:
+        values: list[float] = []
+        for part in packet.values:  # tensors (one host read each, here, off the training thread) or numbers
+            got = part.tolist() if hasattr(part, "tolist") else part
+            values.extend(got if isinstance(got, list) else [got])
+        tables: dict[str, tuple[Block, list[float]]] = {}
+        at = 0
+        for block in packet.blocks:
+            tables[block.prefix] = (block, values[at:at + block.size])
+            at += block.size
+        step, found = packet.step, []
+        for prefix in ("actv", "grad_reduced", "exp_avg", "exp_avg_sq", "param_update"):
+            if prefix in tables:
+                self._block(step, *tables[prefix], found)
+        if "grad_reduced" not in tables and "_gnorm" in tables:
+            block, vals = tables["_gnorm"]
+            self._block(step, Block("grad_reduced", block.rows, block.stats), vals, found)
+        if "param_update" not in tables and "_unorm" in tables:
+            block, vals = tables["_unorm"]
+            if block.scales is not None:
+                vals = [v * f for v, f in zip(vals, block.scales)]
+            self._block(step, Block("param_update", block.rows, block.stats), vals, found)
+        if "_unorm" in tables and "_wnorm" in tables:
+            block, updates = tables["_unorm"]
+            weights = tables["_wnorm"][1]
+            for (name, _, shape, dtype), u, w in zip(block.rows, updates, weights):
+                ratio = u / w if w > 0 else math.nan  # a parameter at zero (a bias at its start): no ratio
+                self._row("update_ratio", step, name, None, [ratio], ("ratio",), shape, dtype, found)
+        if "_gnorm" in tables:
+            norms = tables["_gnorm"][1]
+            total = math.sqrt(math.fsum(g * g for g in norms)) if norms else math.nan
+            self._row("scalars", step, "grad_norm", None, [total], ("value",), "", "", found)
+        if "_loss" in tables and not self._loss_from_scalar:
+            self._row("scalars", step, "loss", None, tables["_loss"][1], ("value",), "", "", found)
+        self._flush_lines(step)
+        self._report(step, found)
+
+    def _block(self, step: int, block: Block, values: list[float], found: list[Anomaly]) -> None:
+        width, prefix, stats, judge = len(block.stats), block.prefix, block.stats, self.detector.judge
+        for i, (name, micro, _, _) in enumerate(block.rows):
+            row = values[i * width:(i + 1) * width]
+            for stat, value in zip(stats, row):
+                if stat != "id":
+                    verdict = judge((prefix, name, micro, stat), value, stat)
+                    if verdict is not None:
+                        found.append(Anomaly(step, prefix, name, micro, stat, value, verdict.baseline, verdict.rule,
+                                             verdict.score))
+        if self.folder is None:
+            return
+        cached = self._static.get(prefix)
+        if cached is None or cached[0] is not block.rows:  # the rows' fixed cells, formatted once
+            tail = prefix not in ("update_ratio", "scalars")
+            cached = self._static[prefix] = (block.rows, [
+                ("0," + _cell(name) + ",", ("," + str(micro) if is_micro(prefix) else "") + ",",
+                 ("," + _cell(shape) + "," + _cell(dtype) if tail else "") + "\n")
+                for name, micro, shape, dtype in block.rows])
+        number, text = self._number, str(step)
+        lines = self._lines.setdefault((prefix, stats), [])
+        for i, (head, middle, end) in enumerate(cached[1]):
+            lines.append(head + text + middle + ",".join([number(v) for v in values[i * width:(i + 1) * width]])
+                         + end)
+
+    def _row(self, prefix: str, step: int, name: str, micro: int | None, values: list[float], stats: tuple[str, ...],
+             shape: str, dtype: str, found: list[Anomaly]) -> None:
+        for stat, value in zip(stats, values):
+            if stat == "id":
+                continue
+            verdict = self.detector.judge((prefix, name, micro, stat), value, stat)
+            if verdict is not None:
+                found.append(Anomaly(step, prefix, name, micro, stat, value, verdict.baseline, verdict.rule,
+                                     verdict.score))
+        if self.folder is None:
+            return
+        key = (prefix, stats)
+        lines = self._lines.get(key)
+        if lines is None:
+            lines = self._lines[key] = []
+        cells = ["0", _cell(name), str(step)] + ([str(micro)] if is_micro(prefix) else [])
+        cells += [self._number(v) for v in values]
+        if prefix not in ("update_ratio", "scalars"):
+            cells += [_cell(shape), _cell(dtype)]
+        lines.append(",".join(cells) + "\n")
+
+    def _flush_lines(self, step: int) -> None:
+        """A step's rows: one write per file."""
+        for (prefix, stats), lines in self._lines.items():
+            if lines:
+                self._write(prefix, step, columns(prefix, list(stats)), "".join(lines))
+        self._lines.clear()
+
+    def _number(self, value: float) -> str:
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return format(value, f".{self.ndigits}g")
+
+    def _write(self, prefix: str, step: int, header: list[str], line: str) -> None:
+        assert self.folder is not None
+        start = step - step % self.per_file
+        have = self._files.get(prefix)
+        if have is None or have[0] != start:
+            if have is not None:
+                os.close(have[1])
+            path = os.path.join(self.folder, f"{prefix}_{start}-{start + self.per_file - 1}.csv")
+            if os.path.lexists(path):
+                fd = safe_files.open_append(path, what="monitor CSV file")
+            else:
+                fd = safe_files.create_file(path, append=True, folder_ready=True)
+                os.write(fd, (",".join(header) + "\n").encode())
+            self._files[prefix] = (start, fd)
+            have = self._files[prefix]
+        os.write(have[1], line.encode())
+
+    def _report(self, step: int, found: list[Anomaly]) -> None:
+        if not found:
+            return
+        with self._cond:
+            self._counts.anomalies.extend(found)
+        stream = self.stream if self.stream is not None else sys.stderr
+        lines = []
+        for a in found[:LINES_PER_STEP]:
+            kind = PREFIXES.get(a.prefix, ("", ""))[0] or ("loss" if a.name == "loss" else "wg")
+            if self.on_anomaly is not None:
+                self.on_anomaly(a, kind)
+            where = a.name if a.micro is None else f"{a.name} (call {a.micro})"
+            lines.append(f"obs: monitor: step {step}: {kind} {where} {a.prefix}/{a.stat} = {a.value:.4g}, baseline "
+                         f"{a.baseline:.4g} ({a.rule}, score {a.score:.3g})\n")
+        if len(found) > LINES_PER_STEP:
+            lines.append(f"obs: monitor: step {step}: {len(found) - LINES_PER_STEP} more anomalies (obs monitor "
+                         "explain)\n")
+        try:
+            stream.write("".join(lines))
+            stream.flush()
+        except (OSError, ValueError):  # stderr closed: the files still hold everything
+            pass
