@@ -9,7 +9,7 @@ prev_handler   a SIGTERM handler installed before obs prints PREV and exits 7; t
 user_ignores   a SIGTERM handler installed before obs does nothing; sleeps in Python ("WAITING")
 asyncio        an asyncio loop with a SIGUSR1 handler (wakeup fd) started before obs; prints the fds
 sleep          sleeps in Python (time.sleep), the main thread free to run handlers
-slow_dump      as sleep, but every dump takes 60 s (a fault injected into the stack collection)
+slow_dump      as sleep, but every dump takes 600 s (a fault injected into the stack collection)
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main() -> None:
         import recorder.recorder
 
         def slow_stacks():
-            time.sleep(60)
+            time.sleep(600)  # far beyond the test's liveness bound: the process ends only if the dump is abandoned
             return []
         recorder.recorder.all_stacks = slow_stacks
     if SCENARIO == "full_dump":
