@@ -111,11 +111,16 @@ def read_job(prometheus: Prometheus, run_id: str | None = None, *, window: str =
         return job
     sel = f'run_id="{job.run_id}"'
     w = window
-    # Only the step query carries node and instance: the others answer per rank, half the labels to send and parse.
+    # Only the step and up queries carry node and instance: the others answer per rank, half the labels to send and
+    # parse.  The time since each rank's last step first: the median step time (18 buckets a rank, the costliest
+    # query) is asked, with the others, only of the ranks that may be stuck: those without a step for HUNG_MIN_S,
+    # where the stuck threshold max(HUNG_MIN_S, 20 x median) starts.
+    since = prometheus.query(f"{at:.3f} - max by (rank) (obs_step_end_time_seconds{{{sel}}})", at=at)
+    late = sorted({s.labels.get("rank", "") for s in since if s.value > HUNG_MIN_S and
+                   s.labels.get("rank", "").isdigit()})
     queries = {
         "step": f"max by (rank, node, instance) (obs_step{{{sel}}})",
         "up": f"min by (rank, node, instance) (up{{{sel}}})",
-        "since": f"{at:.3f} - max by (rank) (obs_step_end_time_seconds{{{sel}}})",
         "rate": f"max by (rank) (obs_steps_per_second{{{sel}}})",
         "step_s": f"sum by (rank) (rate(obs_step_duration_seconds_sum{{{sel}}}[{w}])) / sum by (rank) "
                   f"(rate(obs_step_duration_seconds_count{{{sel}}}[{w}]))",
@@ -125,17 +130,12 @@ def read_job(prometheus: Prometheus, run_id: str | None = None, *, window: str =
                   f"phase) (rate(obs_step_phase_duration_seconds_count{{{sel}}}[{w}]))",
         "memory": f'max by (rank, device, __name__) ({{__name__=~"obs_memory_(used|peak)_bytes", {sel}}})',
     }
-    answers = _ask(prometheus, queries, at)
-    job.queries += len(queries)
-    # The median step time (18 buckets a rank: the costliest query) only of the ranks that may be stuck: those
-    # without a step for HUNG_MIN_S, which is where the stuck threshold max(HUNG_MIN_S, 20 x median) starts.
-    late = sorted({s.labels.get("rank", "") for s in answers["since"] if s.value > HUNG_MIN_S and
-                   s.labels.get("rank", "").isdigit()})
     if late:
         ranks = f',rank=~"{"|".join(late)}"' if len(late) <= _PICK_AT_MOST else ""
-        answers.update(_ask(prometheus, {"median": f"histogram_quantile(0.5, sum by (rank, le) "
-                                                   f"(obs_step_duration_seconds_bucket{{{sel}{ranks}}}))"}, at))
-        job.queries += 1
+        queries["median"] = (f"histogram_quantile(0.5, sum by (rank, le) "
+                             f"(obs_step_duration_seconds_bucket{{{sel}{ranks}}}))")
+    answers = {"since": since, **_ask(prometheus, queries, at)}
+    job.queries += 1 + len(queries)
     job.ranks = _ranks(answers)
     _judge(job)
     return job
@@ -143,8 +143,6 @@ def read_job(prometheus: Prometheus, run_id: str | None = None, *, window: str =
 
 def _ask(prometheus: Prometheus, queries: Mapping[str, str], at: float) -> dict[str, list[Sample]]:
     """The queries at once (Prometheus evaluates them in parallel)."""
-    if len(queries) == 1:
-        return {name: prometheus.query(expr, at=at) for name, expr in queries.items()}
     with ThreadPoolExecutor(len(queries)) as pool:
         futures = {name: pool.submit(prometheus.query, expr, at=at) for name, expr in queries.items()}
         return {name: future.result() for name, future in futures.items()}
