@@ -39,3 +39,31 @@ def test_an_endpoint_on_every_interface_is_announced_by_the_node_name():
 def test_a_node_name_is_made_safe_for_a_file_name(tmp_path):
     target = TargetFile(str(tmp_path), pid=1, node="../evil/name")
     assert os.path.dirname(target.path) == str(tmp_path) and "/" not in os.path.basename(target.path)
+
+
+def test_the_exporter_announces_its_endpoint_rewrites_it_with_the_agreed_identity_and_removes_it_at_its_end(tmp_path):
+    from exporters.sidecar import ExportConfig, Exporter
+    from recorder.layout import Kind
+    from recorder.ring import RingWriter
+    from tests.recorder._jobs import free_port
+
+    ring = str(tmp_path / "p.obsring")
+    writer = RingWriter(ring, {"step": 64, "module": 16, "op": 16, "memory": 16, "collective": 16, "blob": 16},
+                        pid=os.getpid(), rank=0, world_size=1, meta={"run_id": "proposed", "host": "h"})
+    port, folder = free_port(), tmp_path / FOLDER
+    exporter = Exporter(ExportConfig(ring=ring, folder=str(tmp_path / "rank_0"), metrics=("prometheus",),
+                                     prometheus_host="127.0.0.1", prometheus_port=port, targets=str(folder),
+                                     trainer_pid=os.getpid(), keep_ring=True))
+    try:
+        exporter.step()
+        (path,) = folder.glob("*.json")
+        assert json.loads(path.read_text())[0]["targets"] == [f"127.0.0.1:{port}"]
+        assert json.loads(path.read_text())[0]["labels"]["run_id"] == "proposed"
+        writer.blob(Kind.MARKER, {"marker": "identity", "run_id": "agreed", "rank": 5, "world_size": 8})
+        exporter.step()
+        labels = json.loads(path.read_text())[0]["labels"]
+        assert (labels["run_id"], labels["rank"]) == ("agreed", "5")
+    finally:
+        exporter.close()
+        writer.close(remove=True)
+    assert list(folder.glob("*.json")) == []
