@@ -8,7 +8,7 @@ names and units (the Prometheus name after the arrow):
   ``obs.step.collectives.duration`` → ``obs_step_collectives_duration_seconds`` (time in collectives);
 - gauges: ``obs.step`` → ``obs_step`` (the last finished step), ``obs.step.end_time`` →
   ``obs_step_end_time_seconds`` (when it ended, Unix time), ``obs.start_time`` → ``obs_start_time_seconds`` (when
-  this rank's exporter began, Unix time), ``obs.steps`` → ``obs_steps_per_second`` (over the last steps),
+  this rank's profiling session began, Unix time), ``obs.steps`` → ``obs_steps_per_second`` (over the last steps),
   ``obs.samples`` / ``obs.tokens`` → ``obs_samples_per_second`` / ``obs_tokens_per_second`` (where the batch size or the
   tokens per step is given), ``obs.memory.peak`` / ``obs.memory.used`` → ``obs_memory_peak_bytes`` /
   ``obs_memory_used_bytes`` (attribute ``device``), ``obs.scalar`` → ``obs_scalar`` (the last value of each
@@ -79,12 +79,13 @@ class Metrics:
     """The meter provider, its readers and instruments for one exporter process; fed by :meth:`feed`.
 
     ``config`` is the exporter's :class:`exporters.sidecar.ExportConfig`; ``resource`` the OpenTelemetry
-    resource of its spans (``ml.job_id`` is added); ``name`` turns a string id of the ring into its text.
+    resource of its spans (``ml.job_id`` is added); ``name`` turns a string id of the ring into its text;
+    ``started`` when the rank's session began (Unix seconds; default: now).
     Nothing here raises into the exporter's loop for a collector or a port: what went wrong is in :attr:`notes`.
     """
 
     def __init__(self, config: Any, resource: Any, *, rank: int, name: Callable[[int], str],
-                 environ: Mapping[str, str]) -> None:
+                 environ: Mapping[str, str], started: float | None = None) -> None:
         self.config = config
         self.exporters = tuple(config.metrics)
         self.state = MetricState(name, batch_size=config.batch_size, tokens_per_step=config.tokens_per_step)
@@ -99,7 +100,7 @@ class Metrics:
         self._registry: Any = None
         self._server: Any = None
         self._bind_started = time.monotonic()
-        self._started = time.time()
+        self._started = time.time() if started is None else started
         self._bind_next = 0.0
         self.serving = ""  #: ``host:port`` of the Prometheus endpoint once it listens
         if "prometheus" in self.exporters:
@@ -143,7 +144,7 @@ class Metrics:
                    lambda: _one(None if (s := last()) is None else s[0])),
                   ("obs.step.end_time", "s", "When the last finished step ended (Unix time)",
                    lambda: _one(None if (s := last()) is None else s[1])),
-                  ("obs.start_time", "s", "When this rank's exporter began (Unix time)",
+                  ("obs.start_time", "s", "When this rank's profiling session began (Unix time)",
                    lambda: _one(self._started)),
                   ("obs.steps", "{step}/s", "Training steps per second over the last steps",
                    lambda: _one(state.steps_per_s()))]

@@ -125,7 +125,7 @@ class Exporter:
             from exporters.metrics import Metrics
 
             self.metrics = Metrics(config, self.resource, rank=header.rank, name=self.follower.string,
-                                   environ=os.environ)
+                                   environ=os.environ, started=header.wall_ns / 1e9)
         self.target: Any = None
         if self.metrics is not None and config.targets and "prometheus" in config.metrics:
             from exporters.file_sd import TargetFile
