@@ -9,9 +9,10 @@ The ranks are the targets the exporters announce through file service discovery 
   ``busy``: in synchronous training every rank's step lasts as long as the slowest's, the others waiting for it in
   the collectives, so the time outside them tells the slow rank apart;
 - a **straggler** (as the ``ObsStraggler`` rule, without its 10 minutes): busy over :data:`FACTOR` x the job's median
-  rank's, and by at least :data:`recorder.arrival.MIN_LATE_S` or :data:`recorder.arrival.STEP_SHARE` of the median
-  step, the noise floor of the ring-based view; its **late phase** is the phase whose mean time exceeds the other
-  ranks' median the most (its peers' wait for it shows in their phases, not in its own);
+  rank's, and over the other ranks' median by at least the larger of :data:`recorder.arrival.MIN_LATE_S` and
+  :data:`recorder.arrival.STEP_SHARE` of the median step (the ring-based view's noise floor); its **late phase**
+  is the phase whose mean time exceeds the other ranks' median the most (its peers' wait for it shows in their
+  phases, not in its own);
 - **stuck** (as the ``ObsRankHung`` rule): no step finished for max(5 min, 20 x its median step time);
 - **gone**: Prometheus cannot scrape it (``up == 0``) while its target is still announced.
 
