@@ -6,11 +6,14 @@ names and units (the Prometheus name after the arrow):
 - histograms, seconds: ``obs.step.duration`` → ``obs_step_duration_seconds`` (a step's wall time),
   ``obs.step.phase.duration`` → ``obs_step_phase_duration_seconds`` (attribute ``phase``),
   ``obs.step.collectives.duration`` → ``obs_step_collectives_duration_seconds`` (time in collectives);
-- gauges: ``obs.steps`` → ``obs_steps_per_second`` (over the last steps), ``obs.samples`` /
-  ``obs.tokens`` → ``obs_samples_per_second`` / ``obs_tokens_per_second`` (where the batch size or the
+- gauges: ``obs.step`` → ``obs_step`` (the last finished step), ``obs.step.end_time`` →
+  ``obs_step_end_time_seconds`` (when it ended, Unix time), ``obs.start_time`` → ``obs_start_time_seconds`` (when
+  this rank's profiling session began, Unix time), ``obs.steps`` → ``obs_steps_per_second`` (over the last steps),
+  ``obs.samples`` / ``obs.tokens`` → ``obs_samples_per_second`` / ``obs_tokens_per_second`` (where the batch size or the
   tokens per step is given), ``obs.memory.peak`` / ``obs.memory.used`` → ``obs_memory_peak_bytes`` /
   ``obs_memory_used_bytes`` (attribute ``device``), ``obs.scalar`` → ``obs_scalar`` (the last value of each
-  ``obs.scalar(name, value)``, attribute ``name``).
+  ``obs.scalar(name, value)``, attribute ``name``);
+- a counter: ``obs.nonfinite.findings`` → ``obs_nonfinite_findings_total`` (the NaN check's NaN/Inf findings).
 
 Every data point carries ``ml.rank`` (Prometheus: ``ml_rank``).  The resource: ``service.name``,
 ``host.name``, ``ml.rank``, ``ml.world_size``, ``ml.run_id`` and ``ml.job_id`` (``SLURM_JOB_ID``, else
@@ -76,17 +79,19 @@ class Metrics:
     """The meter provider, its readers and instruments for one exporter process; fed by :meth:`feed`.
 
     ``config`` is the exporter's :class:`exporters.sidecar.ExportConfig`; ``resource`` the OpenTelemetry
-    resource of its spans (``ml.job_id`` is added); ``name`` turns a string id of the ring into its text.
+    resource of its spans (``ml.job_id`` is added); ``name`` turns a string id of the ring into its text;
+    ``started`` when the rank's session began (Unix seconds; default: now).
     Nothing here raises into the exporter's loop for a collector or a port: what went wrong is in :attr:`notes`.
     """
 
     def __init__(self, config: Any, resource: Any, *, rank: int, name: Callable[[int], str],
-                 environ: Mapping[str, str]) -> None:
+                 environ: Mapping[str, str], started: float | None = None) -> None:
         self.config = config
         self.exporters = tuple(config.metrics)
         self.state = MetricState(name, batch_size=config.batch_size, tokens_per_step=config.tokens_per_step)
         self.notes: list[str] = []
         self.steps = 0  #: finished steps recorded
+        self.nonfinite = 0  #: NaN/Inf findings of the NaN check (the ring's ``nan_inf`` markers)
         self.rank = rank
         self._job = job_id(environ)
         self._environ = environ
@@ -95,6 +100,7 @@ class Metrics:
         self._registry: Any = None
         self._server: Any = None
         self._bind_started = time.monotonic()
+        self._started = time.time() if started is None else started
         self._bind_next = 0.0
         self.serving = ""  #: ``host:port`` of the Prometheus endpoint once it listens
         if "prometheus" in self.exporters:
@@ -133,7 +139,14 @@ class Metrics:
             "collectives": meter.create_histogram("obs.step.collectives.duration", unit="s",
                                                   description="Time in collectives in a step"),
         }
-        gauges = [("obs.steps", "{step}/s", "Training steps per second over the last steps",
+        last = state.last_step
+        gauges = [("obs.step", "{step}", "The last finished training step",
+                   lambda: _one(None if (s := last()) is None else s[0])),
+                  ("obs.step.end_time", "s", "When the last finished step ended (Unix time)",
+                   lambda: _one(None if (s := last()) is None else s[1])),
+                  ("obs.start_time", "s", "When this rank's profiling session began (Unix time)",
+                   lambda: _one(self._started)),
+                  ("obs.steps", "{step}/s", "Training steps per second over the last steps",
                    lambda: _one(state.steps_per_s()))]
         if self.config.batch_size:
             gauges.append(("obs.samples", "{sample}/s", "Samples per second (steps/s x batch size)",
@@ -151,6 +164,9 @@ class Metrics:
         ]
         for name, unit, description, read in gauges:
             meter.create_observable_gauge(name, callbacks=[self._callback(read)], unit=unit, description=description)
+        meter.create_observable_counter("obs.nonfinite.findings", unit="{finding}",
+                                        description="NaN/Inf findings of the NaN check",
+                                        callbacks=[self._callback(lambda: [({}, self.nonfinite)])])
 
     def _callback(self, read: Any) -> Any:
         from opentelemetry.metrics import Observation

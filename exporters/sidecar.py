@@ -52,6 +52,8 @@ class ExportConfig:
     #: rings of this trainer's earlier sessions whose exporters may still write to ``folder`` (each removes its ring
     #: last): this one starts once they are gone, so the folder's trace and status files have one writer at a time
     after: tuple[str, ...] = ()
+    #: where this rank announces its Prometheus endpoint for file service discovery (:mod:`exporters.file_sd`); ''
+    targets: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -123,7 +125,12 @@ class Exporter:
             from exporters.metrics import Metrics
 
             self.metrics = Metrics(config, self.resource, rank=header.rank, name=self.follower.string,
-                                   environ=os.environ)
+                                   environ=os.environ, started=header.wall_ns / 1e9)
+        self.target: Any = None
+        if self.metrics is not None and config.targets and "prometheus" in config.metrics:
+            from exporters.file_sd import TargetFile
+
+            self.target = TargetFile(config.targets, pid=config.trainer_pid or os.getpid())
 
     def step(self, *, final: bool = False) -> None:
         if not final and self.sender is not None and self.sender.backlog >= self.sender.max_spans:
@@ -133,11 +140,31 @@ class Exporter:
         for marker in self.follower.markers[seen:]:
             if marker.get("marker") == "identity":
                 self._identity(marker)
+            elif marker.get("marker") == "nan_inf" and self.metrics is not None:
+                self.metrics.nonfinite += 1
         records = self.assembler.feed(slots)
         records += self.assembler.drain() if final else self.assembler.idle(time.time_ns())
         if self.metrics is not None:
             self.metrics.feed(slots, records)  # every step, whatever `steps` selects for the traces
+            self._announce()
         self._export(records, final=final)
+
+    def _announce(self) -> None:
+        """This rank's file-SD entry, once its endpoint listens, rewritten when its rank or run id changes."""
+        if self.target is None or not self.metrics.serving:
+            return
+        from exporters.file_sd import target_address
+
+        address = target_address(self.config.prometheus_host, self.config.prometheus_port, self.target.node)
+        try:
+            local_rank = env.integer(env.LOCAL_RANK, 0)
+        except ValueError:
+            local_rank = -1
+        try:
+            self.target.write(address, run_id=self.run_id, rank=self.rank, local_rank=local_rank)
+        except OSError as exc:
+            self.notes.append(f"cannot write the Prometheus target file {self.target.path}: {exc}")
+            self.target = None
 
     def _identity(self, marker: dict[str, Any]) -> None:
         """The trainer learnt its rank and the job's run id (after init_process_group): later steps carry them."""
@@ -252,6 +279,8 @@ class Exporter:
         safe_files.write_atomic(self._status_path(), json.dumps(self.status(done=done), indent=1), fsync=done)
 
     def close(self) -> None:
+        if self.target is not None:
+            self.target.remove()  # first: Prometheus stops scraping the rank before its endpoint closes
         if self.sender is not None:
             self.sender.close(self.config.flush_deadline_s)
         if self.metrics is not None:

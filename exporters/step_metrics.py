@@ -5,6 +5,7 @@ Pure (no OpenTelemetry): :class:`MetricState` is fed the slots :class:`exporters
 hands back one :class:`StepValues` per finished step (what histograms record) and keeps the latest value of
 each gauge (throughput over the last steps, memory, each scalar).
 
+- A step's duration runs from its data phase's begin (the wait for its batch, as its span does) to its end.
 - A collective's time counts to the step it finished in (after that step's begin, before the next one's).
 - Throughput is over the last ``window`` finished steps: their count over the time from the first one's
   begin to the last one's end (the time between steps included).
@@ -56,6 +57,7 @@ class MetricState:
         self._memory: dict[str, tuple[int, int]] = {}  # device → (bytes in use, peak bytes)
         self._window: deque[tuple[int, int]] = deque(maxlen=max(1, window))  # (begin ns, end ns) of steps
         self.scalar_count = 0  #: SCALAR slots read
+        self._last: tuple[int, int] | None = None  # (step, wall ns of its end) of the last finished step
 
     # -- in ------------------------------------------------------------------------------------
     def feed(self, slots: np.ndarray) -> None:
@@ -95,8 +97,10 @@ class MetricState:
                     del self._collectives[old]  # late slots of steps already finished
                 duration = None
                 if record.complete:
-                    duration = max(0, record.end_ns - record.start_ns) / 1e9
+                    start = min([record.start_ns] + [p.start_ns for p in record.phases if p.name == "data"])
+                    duration = max(0, record.end_ns - start) / 1e9
                     self._window.append((record.start_ns, record.end_ns))
+                    self._last = (record.step, record.end_ns)
                 out.append(StepValues(record.step, duration, phases, spent / 1e9))
         return out
 
@@ -108,6 +112,11 @@ class MetricState:
                 return None
             span = self._window[-1][1] - self._window[0][0]
             return len(self._window) * 1e9 / span if span > 0 else None
+
+    def last_step(self) -> tuple[int, float] | None:
+        """The last finished step and when it ended (Unix seconds); None before the first."""
+        with self._lock:
+            return None if self._last is None else (self._last[0], self._last[1] / 1e9)
 
     def samples_per_s(self) -> float | None:
         rate = self.steps_per_s()

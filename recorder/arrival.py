@@ -30,7 +30,7 @@ from recorder.collective_desc import COLLECTIVE_STATES, parse_collective_desc
 from recorder.layout import PHASE_NAMES, Kind
 
 __all__ = ["PHASE_LABELS", "STEP_WINDOW", "Arrival", "Lateness", "Lineup", "Phase", "RankTimeline", "line_up",
-           "timeline_from_contents", "timeline_from_events"]
+           "medians_of_others", "timeline_from_contents", "timeline_from_events"]
 
 #: the newest steps lined up
 STEP_WINDOW = 50
@@ -254,7 +254,7 @@ def line_up(timelines: Iterable[RankTimeline], *, step_window: int = STEP_WINDOW
     scores = {r: statistics.median(late[r].values()) if late[r] else 0.0 for r in ranks}
     out = Lineup(offsets_s={h: o / 1e9 for h, o in offsets.items()}, collectives=counted, steps=len(steps))
     out.threshold_s = max(MIN_LATE_S, STEP_SHARE * step_s)
-    others = _medians_of_others(scores)
+    others = medians_of_others(scores)
     excesses = _excesses(busy)
     for r in sorted(ranks):
         excess = excesses.get(r, {})
@@ -328,7 +328,7 @@ def _busy(tl: RankTimeline, step_window: int, lined: list[tuple[int, int | None]
     return out
 
 
-def _medians_of_others(values: Mapping[Any, float]) -> dict[Any, float]:
+def medians_of_others(values: Mapping[Any, float]) -> dict[Any, float]:
     """For each key, the median of the other keys' values (one sort for all: n keys in O(n log n))."""
     order = sorted(values, key=values.__getitem__)
     ranked = [values[k] for k in order]
@@ -356,7 +356,7 @@ def _excesses(busy: Mapping[int, dict[int, dict[str, float]]]) -> dict[int, dict
     for (_step, phase), by_rank in cells.items():
         if len(by_rank) < 2:
             continue
-        for rank, theirs in _medians_of_others(by_rank).items():
+        for rank, theirs in medians_of_others(by_rank).items():
             diffs[rank][phase].append(by_rank[rank] - theirs)
     return {rank: {phase: statistics.median(d) for phase, d in per.items()} for rank, per in diffs.items()}
 

@@ -111,12 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 10)")
     r.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
-    p = sub.add_parser("top", help="a live table of every rank of a running job (from its rings): step, steps/s, "
-                                   "phase, module or collective now, the rank the others wait for")
+    p = sub.add_parser("top", help="a live table of every rank of a running job (from its rings, or from "
+                                   "Prometheus with --prometheus): step, steps/s, phases, the rank the others wait for")
     p.add_argument("path", nargs="?", help="an RDR root, a rank or rdr folder (default $MS_RDR_PATH or .)")
+    p.add_argument("--prometheus", metavar="URL", help="read the job from this Prometheus server (a job across "
+                   "nodes, its ranks found through file service discovery) instead of its rings")
+    p.add_argument("--run", metavar="RUN_ID", help="with --prometheus: the run to show (default: the newest)")
+    p.add_argument("--window", default="1m", metavar="DURATION", help="with --prometheus: the PromQL range that "
+                   "rates and means are taken over (default 1m)")
     p.add_argument("--once", action="store_true", help="print one table and exit")
     p.add_argument("--json", action="store_true", help="print one JSON document and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    p = sub.add_parser("metrics", help="the profiler's metrics in Prometheus: its alerting rules")
+    msub = p.add_subparsers(dest="metrics_command", metavar="ACTION")
+    msub.required = True
+    msub.add_parser("rules", help="print the Prometheus alerting rules (hung rank, straggler, throughput down, "
+                    "exporter down, NaN/Inf, memory climbing) to save and load with rule_files")
     p = sub.add_parser("trace", help="profiler traces: summary of a trace file or folder, re-export to a collector",
                        description="Views of the profiler's output (trace.json, traces.otlp.jsonl, or the output "
                        "folder, default ./obs_profile). Exit 1 when spans were dropped or a file is damaged, 2 on "
@@ -308,6 +318,13 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
+def _usage(message: str) -> int:
+    from obs.cli._render import error
+
+    error(message)
+    return EXIT_USAGE
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "options":
         from obs.cli._options_view import run_options
@@ -350,9 +367,24 @@ def _dispatch(args: argparse.Namespace) -> int:
             return run_snapshot(args.path, timeout=args.timeout, as_json=args.json)
         return view.run_recover(args.path, as_json=args.json)
     if args.command == "top":
+        if args.prometheus is not None:
+            if args.path is not None:
+                return _usage(f"obs top: give a PATH (the rings) or --prometheus URL, not both (got {args.path!r} "
+                              f"and {args.prometheus!r})")
+            from obs.cli._top_prometheus_view import run_top_prometheus
+
+            return run_top_prometheus(args.prometheus, args.run, once=args.once, as_json=args.json,
+                                      interval=args.interval, window=args.window)
+        if args.run is not None:
+            return _usage(f"obs top: --run {args.run!r} needs --prometheus URL (the rings show the newest run "
+                          f"under PATH)")
         from obs.cli._top_view import run_top
 
         return run_top(args.path, once=args.once, as_json=args.json, interval=args.interval)
+    if args.command == "metrics":
+        from obs.cli._metrics_view import run_rules
+
+        return run_rules()
     if args.command == "trace":
         from obs.cli import _trace_view
 

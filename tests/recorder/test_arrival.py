@@ -127,12 +127,12 @@ def test_timeline_from_bundle_events():
 def test_the_median_of_the_other_ranks_is_each_ranks_own_leave_one_out_median():
     import statistics
 
-    from recorder.arrival import _medians_of_others
+    from recorder.arrival import medians_of_others
 
     rng = random.Random(3)
     for n in range(1, 10):
         values = {r: rng.choice([0.0, 1.0, rng.random()]) for r in range(n)}
-        got = _medians_of_others(values)
+        got = medians_of_others(values)
         for r in values:
             others = [v for q, v in values.items() if q != r]
             assert got[r] == pytest.approx(statistics.median(others) if others else 0.0)

@@ -9,8 +9,9 @@ a thread here instead (it then competes with training for the GIL), and says so 
 
 With metrics on (``profiler.metrics``, ``OTEL_METRICS_EXPORTER``) the session also writes each step end's
 memory reading (MEMORY: ``c`` the bytes in use, ``d`` the peak: CUDA's allocated peak, on CPU the resident
-size), every finished collective (COLLECTIVE: ``c`` its duration) and ``obs.scalar`` values (SCALAR); the
-exporter turns them, with the steps and phases, into OpenTelemetry metrics.
+size), every finished collective (COLLECTIVE: ``c`` its duration), ``obs.scalar`` values (SCALAR) and each NaN/Inf
+finding of the NaN check (a ``nan_inf`` MARKER blob); the exporter turns them, with the steps and phases, into
+OpenTelemetry metrics.
 
 Capture windows (:mod:`obs.features.profiling.window`): the session subscribes module (and op) events only for the
 steps a window covers, switched at step boundaries on the training thread; its own request watcher on
@@ -36,6 +37,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from exporters.file_sd import FOLDER
 from obs._core import outputs, safe_files
 from obs._core.events import Event
 from obs._core.json_files import read_json
@@ -256,8 +258,13 @@ class ProfileSession:
                 collective_ring(collective, 1 if record.get("error") else 0, intern(str(record.get("op", "?"))),
                                 int(record.get("seq", 0)), int(record.get("duration_ns", 0)), state)
 
+        def on_fault(kind: str, detail: Any = None, error: Any = None) -> None:
+            if kind == "nan_inf" and not self.ring.closed:  # the NaN check's finding: counted by the exporter
+                self.ring.blob(Kind.MARKER, {"marker": "nan_inf"})
+
         self._subs.add(Event.MEMORY, on_memory)
         self._subs.add(Event.COLLECTIVE, on_collective)
+        self._subs.add(Event.FAULT, on_fault)
 
     def pause(self) -> None:
         """Stop recording (every hook it needed goes, when nothing else needs it); the exporter stays."""
@@ -289,7 +296,8 @@ class ProfileSession:
                             endpoint=r.endpoint, protocol=r.protocol, steps=r.steps, span_budget=r.span_budget,
                             module_depth=r.module_depth, max_file_mb=r.max_file_mb, trainer_pid=self.pid,
                             metrics=r.metrics, prometheus_host=r.prometheus[0], prometheus_port=r.prometheus[1],
-                            batch_size=r.batch_size, tokens_per_step=r.tokens_per_step, after=self._after)
+                            batch_size=r.batch_size, tokens_per_step=r.tokens_per_step, after=self._after,
+                            targets=os.path.join(r.output, FOLDER) if "prometheus" in r.metrics else "")
 
     def _start_exporter(self) -> None:
         config = self._config()

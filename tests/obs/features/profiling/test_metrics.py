@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 import urllib.request
 
@@ -13,6 +14,7 @@ import torch
 
 import obs
 from obs import profiling
+from obs._core.events import Event, bus
 from obs.settings.profiler_options import metrics_exporters, prometheus_address, request
 from tests.recorder._jobs import free_port
 from tests.training import train
@@ -108,16 +110,30 @@ def test_a_session_serves_its_steps_and_scalars_to_prometheus_while_training(tmp
     with pytest.raises(ValueError, match="one element"):
         obs.scalar("loss", torch.ones(2))
     last = train_reporting_scalars(12, pause_s=0.02)
+    bus.emit(Event.FAULT, "nan_inf", "Linear.forward", None)  # what the NaN check emits for a finding
     text, deadline = "", time.monotonic() + 20
     while time.monotonic() < deadline:  # the exporter process finishes the last step once it has settled
         try:
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
         except OSError:
             text = ""
-        if re.search(r'^obs_step_duration_seconds_count\{[^}]*\} 12\.0$', text, re.M):
+        if re.search(r'^obs_step_duration_seconds_count\{[^}]*\} 12\.0$', text, re.M) and \
+                re.search(r'^obs_nonfinite_findings_total\{[^}]*\} 1\.0$', text, re.M):
             break
         time.sleep(0.1)
+    targets = list((tmp_path / "prof" / "prometheus_sd").glob("*.json"))
+    announced = json.loads(targets[0].read_text()) if targets else None
     obs.reset_context()
+    assert announced is not None and announced[0]["targets"] == [f"127.0.0.1:{port}"], announced
+    labels = announced[0]["labels"]
+    assert (labels["rank"], labels["local_rank"], labels["node"]) == ("0", "0", socket.gethostname())
+    assert labels["run_id"]
+    assert list((tmp_path / "prof" / "prometheus_sd").glob("*.json")) == []  # the session ended: its target went
+    assert re.search(r'^obs_step\{[^}]*\} 12\.0$', text, re.M)
+    ended = re.search(r'^obs_step_end_time_seconds\{[^}]*\} (\S+)$', text, re.M)
+    began = re.search(r'^obs_start_time_seconds\{[^}]*\} (\S+)$', text, re.M)
+    assert ended and began and time.time() - 60 < float(began.group(1)) < float(ended.group(1)) <= time.time()
+    assert re.search(r'^obs_nonfinite_findings_total\{[^}]*\} 1\.0$', text, re.M), text[-2000:]
     loss = re.search(r'^obs_scalar\{[^}]*name="loss"[^}]*\} (\S+)$', text, re.M)
     assert loss is not None and float(loss.group(1)) == pytest.approx(last, rel=1e-6), text[-2000:]
     assert re.search(r'^obs_scalar\{[^}]*name="step_number"[^}]*\} 12\.0$', text, re.M)
