@@ -64,8 +64,11 @@ def plain():
 
 
 def print_every(steps: int):
+    rounds = [0]
+
     def setup():
-        obs.set_context(print_file_path=os.path.join(TMP, f"print-{steps}.pb"))
+        rounds[0] += 1  # a file per round: obs never appends to an existing print file
+        obs.set_context(print_file_path=os.path.join(TMP, f"print-{steps}-{rounds[0]}.pb"))
         _every[0] = steps
 
         def teardown():
