@@ -77,6 +77,30 @@ def rdr(granularity: str, pure_python: bool = False, native: bool = True):
     return setup
 
 
+def rdr_module_without(phases: bool, memory: bool):
+    """RDR ``module`` with its step phases unsubscribed (the adapter then removes the backward wrapper and the
+    optimizer phase hooks) and/or memory read at most every 50 ms (as c55a737 did): what each costs."""
+    on = rdr("module")
+
+    def setup():
+        from obs._core.events import Event
+        from obs.runtime import steps
+
+        teardown = on()
+        if memory:
+            steps.MEMORY_INTERVAL_NS = 50_000_000
+        if phases:
+            for sub in obs.rdr.recorder()._subs.subs:
+                if sub.event is Event.PHASE:
+                    sub.remove()
+
+        def undo():
+            steps.MEMORY_INTERVAL_NS = 0
+            teardown()
+        return undo
+    return setup
+
+
 def _c_writers(live) -> list:
     """The recorder's C ring writers (a tree from before the ring handlers' move, ab.py's base: ``_writers``)."""
     subs = live._subs
@@ -152,6 +176,8 @@ def dump_full_rings(rounds: int) -> dict[str, float]:
 VARIANTS = {"plain": plain, "plain again (the method's floor)": plain, "rdr step": rdr("step"),
             "rdr module": rdr("module"),
             "rdr module, Python handlers": rdr("module", pure_python=True),
+            "rdr module, no phases": rdr_module_without(phases=True, memory=False),
+            "rdr module, memory every 50 ms": rdr_module_without(phases=False, memory=True),
             "reference: deque subscriber": reference,
             "rdr op, native": rdr("op"), "rdr op, dispatch mode": rdr("op", native=False),
             "OP no-op subscriber": op_noop,
