@@ -199,12 +199,13 @@ def _ranks(answers: Mapping[str, list[Sample]]) -> list[RankSeen]:
 def _judge(job: JobSeen) -> None:
     """Stuck ranks, steps behind, stragglers and their late phase."""
     ranks = job.ranks
-    newest = max((r.step for r in ranks if r.step is not None), default=None)
+    stepped = [r for r in ranks if r.step is not None]
+    lead = max(stepped, key=lambda r: r.step or 0, default=None)
     for r in ranks:
-        if newest is not None and r.step is not None:
-            r.behind = newest - r.step
         if r.since_step_s is not None:
             r.stuck = r.since_step_s > max(HUNG_MIN_S, HUNG_STEPS * (r.median_step_s or 0.0))
+        if lead is not None and lead.step is not None and r.step is not None:
+            r.behind = lead.step - r.step - _scrape_skew_steps(r, lead)
     timed = {r.rank: r.busy_s for r in ranks if r.busy_s is not None}
     if len(timed) < 2:
         return
@@ -222,6 +223,16 @@ def _judge(job: JobSeen) -> None:
         if r.straggler and r.phase_excess_s:
             phase = max(r.phase_excess_s, key=r.phase_excess_s.__getitem__)
             r.late_phase = phase if r.phase_excess_s[phase] > 0 else None
+
+
+def _scrape_skew_steps(r: RankSeen, lead: RankSeen) -> int:
+    """The steps that ``r`` reads behind ``lead`` only because Prometheus scraped it earlier (ranks are scraped at
+    different instants: at 60 steps/s, half a second apart is 30 steps): ``lead``'s rate over how much longer ago
+    ``r``'s last step ended.  0 for a stuck rank, whose steps behind are real."""
+    if r.stuck or r.since_step_s is None or lead.since_step_s is None or not lead.steps_per_s:
+        return 0
+    skew = int(lead.steps_per_s * max(0.0, r.since_step_s - lead.since_step_s) + 0.5)
+    return min(skew, (lead.step or 0) - (r.step or 0))
 
 
 def _phase_excess(ranks: Iterable[RankSeen]) -> dict[int, dict[str, float]]:

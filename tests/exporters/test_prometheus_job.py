@@ -147,3 +147,18 @@ def test_query_errors_name_the_server_and_the_reason(server):
         Prometheus(server).query("bad(")
     with pytest.raises(PromQLError, match=r"cannot reach Prometheus at http://127\.0\.0\.1:1"):
         Prometheus("http://127.0.0.1:1").query("up")
+
+
+def test_a_rank_scraped_earlier_is_not_behind_but_a_slower_or_stuck_one_is():
+    """Seen on nanoGPT (2 ranks, 60 steps/s, scraped every 2 s): the rank scraped 0.7 s earlier read 44 steps behind."""
+    from exporters.prometheus_job import JobSeen, RankSeen, _judge
+
+    def rank(n, step, since_s, rate=60.0):
+        return RankSeen(rank=n, host="vm", instance=f"vm:{9464 + n}", step=step, steps_per_s=rate, since_step_s=since_s,
+                        median_step_s=1 / 60)
+
+    job = JobSeen(url="", taken_s=0.0, run_id="r", window="1m",
+                  ranks=[rank(0, 3617, 0.74), rank(1, 3661, 0.01), rank(2, 3500, 0.02), rank(3, 3000, 900.0)])
+    _judge(job)
+    assert [r.behind for r in job.ranks] == [0, 0, 160, 661]  # 44 steps in 0.73 s at 60/s: the scrape, not the rank
+    assert [r.stuck for r in job.ranks] == [False, False, False, True]
