@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich.console import Console
@@ -86,3 +86,23 @@ def markup_text(text: str, *, newlines: bool = True) -> str:
     from rich.markup import escape
 
     return escape(clean(text, newlines=newlines))
+
+
+def show_live(first: Any, refresh: Callable[[], Any], *, once: bool, interval: float) -> int:
+    """Print the renderable ``first``; unless ``once``, redraw it in place with ``refresh()``'s every ``interval``
+    seconds until Ctrl-C (``obs top``'s views).  Returns exit 0."""
+    import time
+
+    from rich.live import Live
+
+    if once:
+        console().print(first)
+        return 0
+    with Live(first, console=console(), auto_refresh=False, screen=False) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(refresh(), refresh=True)
+        except KeyboardInterrupt:
+            pass
+    return 0

@@ -14,14 +14,13 @@ import time
 from typing import Any
 
 from rich.console import Group
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from exporters.prometheus_job import JobSeen, PromQLError, RankSeen, read_job
 from exporters.promql import Prometheus
 from obs.cli._exit import EXIT_OK, EXIT_USAGE
-from obs.cli._render import clean, console, error, print_json
+from obs.cli._render import clean, error, print_json, show_live
 
 __all__ = ["run_top_prometheus"]
 
@@ -46,22 +45,16 @@ def run_top_prometheus(url: str, run_id: str | None, *, once: bool, as_json: boo
     if as_json:
         print_json(document(job))
         return EXIT_OK
-    if once:
-        console().print(_view(job))
-        return EXIT_OK
-    with Live(_view(job), console=console(), auto_refresh=False, screen=False) as live:
+    seen = [job]
+
+    def refresh() -> Any:
         try:
-            while True:
-                time.sleep(interval)
-                try:
-                    job = read_job(prometheus, job.run_id, window=window)
-                except PromQLError as exc:
-                    live.update(Group(_view(job), Text(clean(f"not refreshed: {exc}"), style="yellow")), refresh=True)
-                    continue
-                live.update(_view(job), refresh=True)
-        except KeyboardInterrupt:
-            pass
-    return EXIT_OK
+            seen[0] = read_job(prometheus, seen[0].run_id, window=window)
+        except PromQLError as exc:  # the last table stays, with why it is not new
+            return Group(_view(seen[0]), Text(clean(f"not refreshed: {exc}"), style="yellow"))
+        return _view(seen[0])
+
+    return show_live(_view(job), refresh, once=once, interval=interval)
 
 
 def _round(value: float | None) -> float | None:

@@ -10,13 +10,12 @@ import time
 from typing import Any
 
 from rich.console import Group
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from obs.cli._exit import EXIT_OK, EXIT_USAGE
 from obs.cli._rdr_view import default_root
-from obs.cli._render import clean, console, error, print_json
+from obs.cli._render import clean, error, print_json, show_live
 from recorder.live import JobNow, RankNow, read_job
 
 __all__ = ["run_top"]
@@ -34,17 +33,7 @@ def run_top(path: str | None, *, once: bool, as_json: bool, interval: float) -> 
     if as_json:
         print_json(_document(job))
         return EXIT_OK
-    if once:
-        console().print(_view(job))
-        return EXIT_OK
-    with Live(_view(job), console=console(), auto_refresh=False, screen=False) as live:
-        try:
-            while True:
-                time.sleep(interval)
-                live.update(_view(read_job(root)), refresh=True)
-        except KeyboardInterrupt:
-            pass
-    return EXIT_OK
+    return show_live(_view(job), lambda: _view(read_job(root)), once=once, interval=interval)
 
 
 def _document(job: JobNow) -> dict[str, Any]:
