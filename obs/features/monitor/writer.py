@@ -3,6 +3,9 @@ to stderr.  Off the training thread: the training thread hands over one :class:`
 one tensor) and goes on; the worker reads the tensor, writes rows and runs the rules.
 
 An anomaly writes one line on stderr (at most :data:`LINES_PER_STEP` per step, then a count of the rest).
+
+Other outputs (the RDR ring's region, TensorBoard, metrics) are *sinks*: callables given to the worker, each called on
+the worker thread with every judged step as a :class:`StepValues`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from obs._core.outputs import wrote
 from obs.features.monitor.detect import Detector
 from obs.features.monitor.layout import META, PREFIXES, SCHEMA_VERSION, columns, is_micro
 
-__all__ = ["LINES_PER_STEP", "Anomaly", "Block", "Packet", "Worker"]
+__all__ = ["LINES_PER_STEP", "Anomaly", "Block", "Packet", "StepValues", "Worker"]
 
 LINES_PER_STEP = 5
 DRAIN_S = 0.05  #: how often the worker takes what the training thread handed over
@@ -69,6 +72,16 @@ class Anomaly:
 
 
 @dataclass
+class StepValues:
+    """One judged step, as the sinks get it: every value written (``(prefix, name, micro, stat, value)``, the CSV
+    file's prefix and row) and the anomalies found in it."""
+
+    step: int
+    values: list[tuple[str, str, int | None, str, float]]
+    anomalies: list[Anomaly]
+
+
+@dataclass
 class _Counts:
     done: int = 0
     anomalies: list[Anomaly] = field(default_factory=list)
@@ -85,10 +98,12 @@ class Worker:
     """Writes CSV rows and judges values on its own thread (``obs-monitor``)."""
 
     def __init__(self, folder: str | None, *, detector: Detector, ndigits: int, per_file: int,
-                 stream: Any = None, on_anomaly: Any = None) -> None:
+                 stream: Any = None, on_anomaly: Any = None, sinks: list[Any] | None = None) -> None:
         self.folder, self.detector, self.ndigits, self.per_file = folder, detector, ndigits, per_file
         self.stream = stream
         self.on_anomaly = on_anomaly  #: called with each reported anomaly (the RDR ring's marker)
+        self.sinks: list[Any] = list(sinks or ())  #: called with each judged step's :class:`StepValues`
+        self._step_values: list[tuple[str, str, int | None, str, float]] = []
         self._items: collections.deque[Any] = collections.deque()  # appended by the training thread, no lock
         self._wake = threading.Event()
         self._stop = False
@@ -187,6 +202,7 @@ class Worker:
         self._row("scalars", step, "loss", None, [value], ("value",), "", "", found)
         self._flush_lines(step)
         self._report(step, found)
+        self._to_sinks(step, found)
 
     def _packet(self, packet: Packet) -> None:
         values: list[float] = []
@@ -224,12 +240,24 @@ class Worker:
             self._row("scalars", step, "loss", None, tables["_loss"][1], ("value",), "", "", found)
         self._flush_lines(step)
         self._report(step, found)
+        self._to_sinks(step, found)
+
+    def _to_sinks(self, step: int, found: list[Anomaly]) -> None:
+        values, self._step_values = self._step_values, []
+        for sink in self.sinks:
+            try:
+                sink(StepValues(step, values, found))
+            except Exception as exc:  # noqa: BLE001 - reported; one output's bug never stops the others
+                report_internal_error(f"monitor sink {getattr(sink, '__name__', type(sink).__name__)}", exc)
 
     def _block(self, step: int, block: Block, values: list[float], found: list[Anomaly]) -> None:
         width, prefix, stats, judge = len(block.stats), block.prefix, block.stats, self.detector.judge
+        keep = self._step_values.append if self.sinks else None
         for i, (name, micro, _, _) in enumerate(block.rows):
             row = values[i * width:(i + 1) * width]
             for stat, value in zip(stats, row):
+                if keep is not None:
+                    keep((prefix, name, micro, stat, value))
                 if stat != "id":
                     verdict = judge((prefix, name, micro, stat), value, stat)
                     if verdict is not None:
@@ -253,6 +281,8 @@ class Worker:
     def _row(self, prefix: str, step: int, name: str, micro: int | None, values: list[float], stats: tuple[str, ...],
              shape: str, dtype: str, found: list[Anomaly]) -> None:
         for stat, value in zip(stats, values):
+            if self.sinks:
+                self._step_values.append((prefix, name, micro, stat, value))
             if stat == "id":
                 continue
             verdict = self.detector.judge((prefix, name, micro, stat), value, stat)
