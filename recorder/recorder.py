@@ -138,16 +138,20 @@ class Recorder:
             def on_step_end(number: int, duration_ns: int) -> None:
                 step(Kind.STEP_END, 0, 0, number, duration_ns, 0)
 
+            seen: list[Any] = [None, 0, 0, 0]  # the last stats dict and its slot's values (the CPU's repeats)
+
             def on_memory(number: int, stats: dict[str, Any]) -> None:
-                used = stats.get("allocated_bytes.all.current", stats.get("rss_bytes", 0))
-                other = stats.get("reserved_bytes.all.current", stats.get("vms_bytes", 0))
-                name = str(stats.get("device", "?"))
-                device = ids.get(name)
-                if device is None:
-                    device = intern(name)
-                memory(Kind.MEMORY, 0, device, number, int(used), int(other))
+                if stats is not seen[0]:
+                    used = stats.get("allocated_bytes.all.current", stats.get("rss_bytes", 0))
+                    other = stats.get("reserved_bytes.all.current", stats.get("vms_bytes", 0))
+                    name = str(stats.get("device", "?"))
+                    device = ids.get(name)
+                    if device is None:
+                        device = intern(name)
+                    seen[:] = stats, device, int(used), int(other)
+                memory(Kind.MEMORY, 0, seen[1], number, seen[2], seen[3])
                 if "allocated_bytes.all.peak" in stats:  # CUDA: the step's peaks (the counters are reset per step)
-                    memory(Kind.MEMORY_PEAK, 0, device, number, int(stats["allocated_bytes.all.peak"]),
+                    memory(Kind.MEMORY_PEAK, 0, seen[1], number, int(stats["allocated_bytes.all.peak"]),
                            int(stats.get("reserved_bytes.all.peak", 0)))
 
             def on_phase(name: str, begin_ns: int, end_ns: int) -> None:

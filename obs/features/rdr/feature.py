@@ -31,6 +31,7 @@ from obs._core.errors import ObsError
 from obs.features import env_config as env_feature
 from obs.features.rdr.cuda_memory import MemoryHistory, add_to_bundle
 from obs.runtime import job
+from obs.settings import parallel
 from obs.settings._context import get_context, snapshot
 
 if TYPE_CHECKING:
@@ -129,6 +130,8 @@ class RdrFeature:
         live = self.recorder
         if live is None:
             self._unhook_rank_check()
+            return
+        if parallel.distributed() is None:  # the look at every boundary of a plain process: keep it to one call
             return
         where = job.distributed_rank()
         if where is not None:

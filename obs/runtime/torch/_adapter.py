@@ -1,7 +1,8 @@
 """Installs exactly the PyTorch hooks that current subscribers need, and removes them when they leave.
 
 - STEP_BEGIN / STEP_END / MEMORY, or a feature's ``tracker.require(...)`` (Print to file) → global
-  optimizer step hooks (a step ends when optimizer.step returns; explicit ``obs.step()`` takes precedence).
+  optimizer step hooks (a step ends when optimizer.step returns; explicit ``obs.step()`` takes precedence), the same
+  pair as PHASE's optimizer phase.
 - MODULE_ENTER / MODULE_EXIT → a wrapper of ``nn.Module.__call__`` with scope names.
 - OP / OP_OUTPUT → a dispatch mode on the subscribing thread.
 - COLLECTIVE → wrappers of the torch.distributed collectives.
@@ -14,17 +15,17 @@ subscriptions change.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 import torch
-from torch.optim import optimizer as torch_optimizer
 
 from obs._core.events import Event, bus
+from obs.runtime import resident
 from obs.runtime.steps import tracker
 from obs.runtime.torch._modules import ModuleHooks, current_scope
 from obs.runtime.torch._ops import OpInterceptor
+from obs.runtime.torch._phases import TrainingHooks
 
 __all__ = ["TorchAdapter", "adapter", "current_scope", "memory_stats"]
 
@@ -33,7 +34,8 @@ MODULE_EVENTS = (Event.MODULE_ENTER, Event.MODULE_EXIT)
 
 
 def memory_stats() -> dict[str, Any]:
-    """CUDA allocator statistics where CUDA is in use, else the process's RSS (bytes).
+    """CUDA allocator statistics where CUDA is in use, else the process's RSS (bytes), as read by
+    :mod:`obs.runtime.resident`'s thread at most ~10 ms before.
 
     The device is ``set_context``'s, or CUDA's current device when that is CPU (the default) and the process uses
     CUDA.  Peaks are since the previous reading (one per step end): the allocator's peak counters are reset after
@@ -58,31 +60,7 @@ def memory_stats() -> dict[str, Any]:
                 "reserved_bytes.all.current": reserved.get("current", 0),
                 "reserved_bytes.all.peak": reserved.get("peak", 0),
                 "num_alloc_retries": stats.get("num_alloc_retries", 0), "num_ooms": stats.get("num_ooms", 0)}
-    pages = os.pread(_statm(), 128, 0).split()
-    return {"device": "cpu", "rss_bytes": int(pages[1]) * _PAGE, "vms_bytes": int(pages[0]) * _PAGE}
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-_statm_fd: list[int] = []
-
-
-def _statm() -> int:
-    # Kept open: opening /proc/self/statm every step cost ~25 µs, a pread ~2 µs.  A forked child opens its own
-    # (the inherited descriptor names the parent's file).
-    if not _statm_fd:
-        _statm_fd.append(os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
-    return _statm_fd[0]
-
-
-def _forget_statm() -> None:
-    if _statm_fd:
-        try:
-            os.close(_statm_fd.pop())
-        except OSError:
-            pass
-
-
-os.register_at_fork(after_in_child=_forget_statm)
+    return resident.latest()  # the CPU: the newest reading of a thread (no system call here)
 
 
 class TorchAdapter:
@@ -90,11 +68,10 @@ class TorchAdapter:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._optim: list[Any] = []
+        self._training = TrainingHooks()  # the optimizer step hooks (steps, the optimizer phase) and backward's
         self._modules: ModuleHooks | None = None
         self._ops: OpInterceptor | None = None
         self._collectives: Any = None
-        self._phases: Any = None
         self._compile_log: Any = None
         self._graph_stats: Any = None  # the pass placed in Inductor's post_grad_custom_post_pass
         tracker.memory_probe = memory_stats
@@ -105,8 +82,8 @@ class TorchAdapter:
     @property
     def installed(self) -> dict[str, bool]:
         """Which hook families are in place (for tests and ``obs demo``)."""
-        return {"steps": bool(self._optim), "modules": self._modules is not None, "ops": self._ops is not None,
-                "collectives": self._collectives is not None, "phases": self._phases is not None,
+        return {"steps": self._training.steps, "modules": self._modules is not None, "ops": self._ops is not None,
+                "collectives": self._collectives is not None, "phases": bool(self._training.handlers),
                 "compiles": self._compile_log is not None, "graph_stats": self._graph_stats is not None}
 
     def _on_change(self, event: Event) -> None:
@@ -116,26 +93,12 @@ class TorchAdapter:
     def sync(self) -> None:
         with self._lock:
             want_steps = tracker.wanted or any(bus.has_subscribers(e) for e in STEP_EVENTS)
-            if want_steps and not self._optim:
-                self._optim = [
-                    torch_optimizer.register_optimizer_step_pre_hook(lambda *_: tracker.auto_begin()),
-                    torch_optimizer.register_optimizer_step_post_hook(lambda *_: tracker.auto_end()),
-                ]
-            elif not want_steps and self._optim:
-                for handle in self._optim:
-                    handle.remove()
-                self._optim = []
+            phases = bus.handlers(Event.PHASE)
+            self._training.sync(steps=want_steps, handlers=phases)
+            if not bus.has_subscribers(Event.MEMORY):
+                resident.stop()  # its reader thread: started by the first CPU reading, ended with the last reader
 
-            want_phases = bus.has_subscribers(Event.PHASE)
-            if want_phases and self._phases is None:
-                from obs.runtime.torch._phases import PhaseHooks
-
-                self._phases = PhaseHooks()
-            elif not want_phases and self._phases is not None:
-                self._phases.remove()
-                self._phases = None
-
-            want_modules = want_phases or any(bus.has_subscribers(e) for e in MODULE_EVENTS)  # phases: root calls
+            want_modules = bool(phases) or any(bus.has_subscribers(e) for e in MODULE_EVENTS)  # phases: root calls
             if want_modules and self._modules is None:
                 from obs.settings._context import get_context
 
@@ -181,9 +144,8 @@ class TorchAdapter:
         self._unwatch_demands()
         tracker.memory_probe = None
         with self._lock:
-            for handle in self._optim:
-                handle.remove()
-            self._optim = []
+            self._training.remove()
+            resident.stop()
             if self._modules is not None:
                 self._modules.remove()
                 self._modules = None
@@ -193,9 +155,6 @@ class TorchAdapter:
             if self._collectives is not None:
                 self._collectives.remove()
                 self._collectives = None
-            if self._phases is not None:
-                self._phases.remove()
-                self._phases = None
             if self._compile_log is not None:
                 self._compile_log.remove()
                 self._compile_log = None

@@ -11,6 +11,7 @@ starts.  A wrapper leaves no frame in the user's traceback, and unwrapping leave
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from obs._core.internal import SUPPRESSION, report_internal_error
@@ -25,12 +26,16 @@ def roots_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 class AutogradCall:
     """``owner.name`` wrapped: ``on_start(roots)`` before the call, ``on_error(error, roots)`` when it raises,
-    ``on_end(started)`` after it returns or raises, with what ``on_start`` returned.
+    ``on_end(started)`` after it returns or raises, with what ``on_start`` returned.  Or, alone, ``on_span(begin_ns,
+    end_ns)`` after it returns or raises, with ``time.perf_counter_ns()`` before and after: a lighter wrapper, for
+    timing (the backward phase).
 
     None runs inside obs's own work (``SUPPRESSION``); an error of any is reported, never raised."""
 
     def __init__(self, owner: Any, name: str, *, on_start: Any = None, on_error: Any = None,
-                 on_end: Any = None) -> None:
+                 on_end: Any = None, on_span: Any = None) -> None:
+        if on_span is not None and (on_start is not None or on_error is not None or on_end is not None):
+            raise TypeError("on_span times the call alone: give it without on_start, on_error and on_end")
         self.owner, self.name, self.active = owner, name, True
         original = self.original = getattr(owner, name)
         me, getframe, state = self, sys._getframe, SUPPRESSION
@@ -62,8 +67,25 @@ class AutogradCall:
                     except Exception as inner:  # noqa: BLE001 - reported; a hook's bug must not break backward
                         report_internal_error(f"autograd {name} end", inner)
 
-        self.wrapper = obs_autograd_call
-        setattr(owner, name, obs_autograd_call)
+        def obs_autograd_timed(*args: Any, **kwargs: Any) -> Any:
+            begin = clock() if me.active and not state.depth else 0
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                tb = exc.__traceback__
+                if tb is not None and tb.tb_frame is getframe():
+                    exc.__traceback__ = tb.tb_next  # this wrapper leaves the user's traceback
+                raise
+            finally:
+                if begin:
+                    try:
+                        on_span(begin, clock())
+                    except Exception as inner:  # noqa: BLE001 - reported; a hook's bug must not break backward
+                        report_internal_error(f"autograd {name} span", inner)
+
+        clock = time.perf_counter_ns
+        self.wrapper = obs_autograd_timed if on_span is not None else obs_autograd_call
+        setattr(owner, name, self.wrapper)
 
     def unwrap(self) -> None:
         self.active = False
