@@ -8,18 +8,22 @@ and 2 on bad input (no run under PATH).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rich.table import Table
 
 from obs.cli._exit import EXIT_FAILURE, EXIT_OK
 from obs.cli._render import console, markup_text, print_json, warning
+from obs.features.monitor.bundle_run import is_bundle, read_bundle_run
 from obs.features.monitor.explain import Explanation, explain, movers
 from obs.features.monitor.reader import find_run, read_run
 
-__all__ = ["run_explain", "run_show"]
+__all__ = ["print_explanation", "run_explain", "run_show"]
 
 
 def _read(path: str) -> tuple[str, object]:
+    if is_bundle(path):  # an RDR bundle's monitor part (its last steps, the anomalies flagged while it ran)
+        return path, read_bundle_run(path)
     folder, others = find_run(path)
     if others:
         warning(f"{len(others) + 1} monitor runs under {path}; showing the newest, {folder}")
@@ -63,11 +67,16 @@ def run_explain(path: str, *, step: int | None, span: int, limit: int, as_json: 
     if as_json:
         print_json(found.as_dict())
         return EXIT_FAILURE if found.first else EXIT_OK
-    out = console()
+    print_explanation(console(), found, limit)
+    return EXIT_FAILURE if found.first else EXIT_OK
+
+
+def print_explanation(out: Any, found: Explanation, limit: int) -> None:
+    """The first anomaly, when the loss moved after it, and the anomalies in causal order (``obs rdr show`` too)."""
     window = f" in steps {found.window[0]}..{found.window[1]}" if found.window else ""
     if found.first is None:
         out.print(f"no anomaly{window} in {markup_text(found.folder)} (rules: {', '.join(found.rules)})")
-        return EXIT_OK
+        return
     f = found.first
     where = f"rank {f.rank}, " if f.rank is not None else ""
     out.print(f"[bold]first anomaly[/]{window}: step {f.step} ({where}{f.stage}): [bold]{markup_text(f.kind)} "
@@ -90,4 +99,3 @@ def run_explain(path: str, *, step: int | None, span: int, limit: int, as_json: 
     out.print(table)
     if len(found.anomalies) > limit:
         out.print(f"[dim]... {len(found.anomalies) - limit} more (--limit, --json)[/]")
-    return EXIT_FAILURE

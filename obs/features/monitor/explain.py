@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from obs.features.monitor.detect import Detector, Robust, rules_from
+from obs.features.monitor.layout import kind_stage
 from obs.features.monitor.reader import MonitorRun, Series
 from obs.settings.monitor_options import MONITOR_OPTIONS
 
@@ -113,7 +114,9 @@ def explain(run: MonitorRun, *, step: int | None = None, span: int = 20) -> Expl
     detector = Detector(rules)
     key = _order(run)
     found: list[tuple[tuple[Any, ...], Finding]] = []
-    for series in run.series:
+    if run.recorded is not None:
+        found = _recorded(run, key, step, span)
+    for series in run.series if run.recorded is None else ():
         if series.stat == "id":
             continue
         for s, value in zip(series.steps, series.values):
@@ -133,6 +136,22 @@ def explain(run: MonitorRun, *, step: int | None = None, span: int = 20) -> Expl
     window = (step - span, step + span) if step is not None else None
     return Explanation(run.folder, run.rank, window, first, anomalies, loss_step, lead, [r.name for r in rules],
                        list(run.problems))
+
+
+def _recorded(run: MonitorRun, key: Any, step: int | None, span: int) -> list[tuple[tuple[Any, ...], Finding]]:
+    """The anomalies the worker flagged while the run went on (a bundle's), with their causal order's keys."""
+    by_key = {(s.prefix, s.name, s.micro, s.stat): s for s in run.series}
+    out = []
+    for a in run.recorded or ():
+        if step is not None and not step - span <= a.step <= step + span:
+            continue
+        kind, stage = kind_stage(a.prefix, a.name)
+        series = by_key.get((a.prefix, a.name, a.micro, a.stat)) or Series(a.prefix, a.name, a.micro, a.stat, kind,
+                                                                            stage, (), ())
+        f = Finding(a.step, run.rank, a.name, kind, a.stat, stage, a.value, a.baseline, a.prefix, a.micro, a.rule,
+                    a.score)
+        out.append((key(f, series), f))
+    return out
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,10 @@ class Monitor:
     """One run: its folder, its hooks and its worker thread."""
 
     def __init__(self, settings: Mapping[str, Any], rank: int, world_size: int) -> None:
+        from obs.features.monitor.actions import Actions
         from obs.features.monitor.collect import Collector, Plan, process_meta, run_stamp
         from obs.features.monitor.detect import Detector, rules_from
+        from obs.features.monitor.ring_region import RingRegion
         from obs.features.monitor.writer import Worker
 
         targets = tuple(settings["targets"]) or ("",)
@@ -66,8 +68,15 @@ class Monitor:
             self.folder = os.path.join(root, f"{run_stamp()}-rank{rank}-{secrets.token_hex(4)}")
             safe_files.ensure_dir(self.folder)
         rules = rules_from(settings["window"], settings["warmup"], settings["threshold"], settings["alert"])
+        # sinks: the RDR ring's region first, so that an anomaly's bundle holds the step it flags
+        sinks: list[Any] = [RingRegion(settings["ring_steps"])]
+        self.actions: Actions | None = None
+        if settings["on_anomaly"]:
+            self.actions = Actions(settings["on_anomaly"], capture_steps=settings["capture_steps"],
+                                   ring_steps=settings["ring_steps"], folder=self.folder or output_root(settings))
+            sinks.append(self.actions)
         self.worker = Worker(self.folder, detector=Detector(rules), ndigits=settings["ndigits"],
-                             per_file=settings["step_count_per_record"], on_anomaly=_ring_marker)
+                             per_file=settings["step_count_per_record"], on_anomaly=_ring_marker, sinks=sinks)
         meta = {**process_meta(rank, world_size), "settings": {
             k: settings[k] for k in ("ops", "eps", "window", "warmup", "threshold", "alert", "step_count_per_record",
                                      "start_step", "step_interval", "targets", "update_sample")}}
@@ -81,6 +90,8 @@ class Monitor:
         self.collector.remove()
         self.worker.flush()
         self.worker.close()
+        if self.actions is not None:
+            self.actions.close()
 
 
 class MonitorFeature:

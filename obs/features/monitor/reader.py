@@ -17,6 +17,7 @@ from typing import Any
 
 from obs._core.errors import DamagedFileError, NotOurFileError
 from obs.features.monitor.layout import CSV_HEADER, CSV_PATTERN, META, RUN_FOLDER, is_micro, kind_stage
+from recorder.monitor_part import RingAnomaly
 
 __all__ = ["MonitorRun", "Series", "find_run", "read_run"]
 
@@ -46,6 +47,9 @@ class MonitorRun:
     meta: dict[str, Any]
     series: list[Series]
     problems: list[str] = field(default_factory=list)
+    #: the anomalies the worker flagged while the run went on (an RDR bundle's part), ordered by ``explain`` instead of
+    #: judging the series again; None for a run folder (judged again by ``explain``)
+    recorded: tuple[RingAnomaly, ...] | None = None
 
     @property
     def steps(self) -> list[int]:

@@ -1,0 +1,102 @@
+"""The monitor's region of the RDR ring: every judged step's values and anomalies, so that every bundle (a crash, a
+hang, a snapshot, a ring recovered after SIGKILL) carries the run's recent health.
+
+A sink of the worker (:class:`obs.features.monitor.writer.StepValues`), on the ``obs-monitor`` thread, never on the
+training thread.  While the recorder runs with the ``monitor`` rings laid out (the RDR lays them out while the
+``monitor`` section is on: :func:`obs.settings.monitor_options.ring_capacity`), each value is one slot of the
+``monitor`` ring and each anomaly one slot of ``monitor_anomaly`` (:mod:`recorder.monitor_part` gives the layout and
+reads them back).  The slots are written into the ring's shared
+map as the recorder's own are, so a process killed the next instant leaves them in the file.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+from recorder.layout import MONITOR_SLOT, SCALAR_SLOT, Kind
+from recorder.monitor_part import SEP, series_key
+
+__all__ = ["RingRegion"]
+
+_HALF = struct.Struct("<e")
+_U16 = struct.Struct("<H")
+
+def _half(score: float) -> int:
+    """The score as float16 bits (3 significant digits; above 65504 it reads as infinity)."""
+    try:
+        packed = _HALF.pack(score if math.isnan(score) or abs(score) <= 65504.0 else math.copysign(math.inf, score))
+    except (OverflowError, struct.error):
+        packed = _HALF.pack(math.inf)
+    value: int = _U16.unpack(packed)[0]
+    return value
+
+
+class RingRegion:
+    """The sink: writes each step's values and anomalies into the live recorder's ring (bound again whenever the
+    recorder restarts on a new ring)."""
+
+    def __init__(self, steps: int, recorder: Any = None) -> None:
+        self.steps = steps
+        self._recorder = recorder  # a callable giving the live recorder (tests); default: the RDR feature's
+        self._ring: Any = None
+        self._values: Any = None
+        self._anomalies: Any = None
+        self._ids: dict[Any, int] = {}
+
+    def _live_ring(self) -> Any:
+        if self._recorder is None:
+            from obs.features.rdr.feature import recorder
+
+            self._recorder = recorder
+        live = self._recorder()
+        ring = getattr(live, "ring", None)
+        if ring is None or ring.closed:
+            return None
+        if ring is not self._ring:
+            self._ring, self._ids = ring, {}
+            self._values = ring.slots("monitor") if "monitor" in ring.rings else None
+            self._anomalies = ring.slots("monitor_anomaly") if "monitor_anomaly" in ring.rings else None
+        return ring
+
+    def __call__(self, step_values: Any) -> None:
+        ring = self._live_ring()
+        if ring is None:
+            return
+        try:
+            self._write(ring, step_values)
+        except (ValueError, BufferError):  # the ring closed under us (the recorder stopped): nothing to keep
+            if not ring.closed:
+                raise
+
+    def _id(self, ring: Any, key: Any, text: str) -> int:
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._ids[key] = ring.intern(text)  # -1 when the string table is full: the reader skips it
+        return sid
+
+    def _write(self, ring: Any, step_values: Any) -> None:
+        step = step_values.step
+        target = self._values
+        if target is not None:
+            _, mm, base, cap, size, counter, seq, clock = target
+            pack, now, keep, kind = SCALAR_SLOT.pack_into, clock(), self.steps, int(Kind.MONITOR_VALUE)
+            for prefix, name, micro, stat, value in step_values.values:
+                key = (prefix, name, micro, stat)
+                sid = self._ids.get(key)
+                if sid is None:
+                    sid = self._id(ring, key, series_key(prefix, name, micro, stat))
+                idx = next(counter)
+                pack(mm, base + (idx % cap) * size, next(seq), idx + 1, now, kind, 0, sid, step, keep, float(value))
+        target = self._anomalies
+        if target is not None and step_values.anomalies:
+            _, mm, base, cap, size, counter, seq, clock = target
+            now = clock()
+            for a in step_values.anomalies:
+                key = (a.prefix, a.name, a.micro, a.stat, a.rule)
+                sid = self._id(ring, key, series_key(a.prefix, a.name, a.micro, a.stat) + SEP + a.rule)
+                idx = next(counter)
+                MONITOR_SLOT.pack_into(mm, base + (idx % cap) * size, next(seq), idx + 1, now,
+                                       int(Kind.MONITOR_ANOMALY), _half(float(a.score)), sid, step,
+                                       float(a.baseline), float(a.value))
