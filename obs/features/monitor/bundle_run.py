@@ -23,7 +23,9 @@ __all__ = ["is_bundle", "read_bundle_run", "run_of_part"]
 
 
 def is_bundle(path: str) -> bool:
-    """Whether ``path`` is an RDR bundle's folder or its ``monitor.json``."""
+    """Whether ``path`` is an RDR bundle's folder or its ``monitor.json`` (or an rdr folder's ``latest``)."""
+    if os.path.basename(path.rstrip("/")) == "latest" and not os.path.exists(path):
+        return os.path.isdir(os.path.dirname(path.rstrip("/")))
     if os.path.basename(path) == FILE and os.path.isfile(path):
         return os.path.isfile(os.path.join(os.path.dirname(path) or ".", "manifest.json"))
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, "manifest.json"))

@@ -70,6 +70,10 @@ class Monitor:
         rules = rules_from(settings["window"], settings["warmup"], settings["threshold"], settings["alert"])
         # sinks: the RDR ring's region first, so that an anomaly's bundle holds the step it flags
         sinks: list[Any] = [RingRegion(settings["ring_steps"])]
+        if settings["alert"].get("dump"):  # msprobe's anomaly_detected/rank{r}/anomaly.json
+            from obs.features.monitor.alert_dump import AlertDump
+
+            sinks.append(AlertDump(output_root(settings), rank, world_size))
         self.actions: Actions | None = None
         if settings["on_anomaly"]:
             self.actions = Actions(settings["on_anomaly"], capture_steps=settings["capture_steps"],

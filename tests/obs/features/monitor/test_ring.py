@@ -196,3 +196,48 @@ def test_raise_stops_the_training_loop_at_the_next_step(tmp_path):
     step, exc = raised[0]
     assert step == 21 and exc.step == 20 and "step 20" in str(exc)
     assert exc.anomaly["step"] == 20 and exc.anomaly["rule"] == "robust"
+
+
+def test_alert_dump_writes_msprobes_anomaly_json(tmp_path):
+    """msprobe's alert.dump: anomaly_detected/rank{r}/anomaly.json, keyed and shaped as msprobe's AnomalyDataWriter."""
+    from obs.features.monitor.alert_dump import AlertDump
+    from obs.features.monitor.writer import Anomaly, StepValues
+
+    sink = AlertDump(str(tmp_path), rank=1, world_size=2)
+    sink(StepValues(4, [], []))
+    assert not (tmp_path / "anomaly_detected").exists()
+    sink(StepValues(5, [], [Anomaly(5, "grad_reduced", "fc1.weight", None, "norm", 9.0, 1.0, "AnomalyTurbulence", 8.0),
+                            Anomaly(5, "grad_reduced", "fc1.weight", None, "max", 9.0, 1.0, "robust", 8.0),
+                            Anomaly(5, "actv", "fc2.input", 0, "norm", 3.0, 1.0, "robust", 12.0)]))
+    doc = json.loads((tmp_path / "anomaly_detected" / "rank1" / "anomaly.json").read_text())
+    assert list(doc) == ["0:fc1.weight/rank1/post_grad_step_5_call_-1", "0:fc2.input:0/rank1/actv_step_5_call_-1"]
+    entry = doc["0:fc1.weight/rank1/post_grad_step_5_call_-1"]
+    assert set(entry) == {"rank", "step", "micro_step", "pp_stage", "vpp_stage", "call_id", "tag_name", "message",
+                          "group_mates"}
+    assert (entry["rank"], entry["step"], entry["group_mates"]) == (1, 5, [0, 1])
+    assert entry["message"].startswith("Rule AnomalyTurbulence reports anomaly signal in "
+                                       "('0:fc1.weight/rank1/post_grad', 'norm') at step 5")
+
+
+def test_capture_asks_the_profiler_for_a_window(tmp_path):
+    """capture, with a profiling session in force: a task_trace window of capture_steps steps is asked of it, the
+    window `obs trace capture` asks for; the data dump waits for the next step boundary."""
+    from obs.features.monitor import capture
+    from obs.features.profiling.feature import feature as profiler
+    from obs.features.profiling.window import Windows
+
+    windows = Windows()
+    assert profiler.session is None
+    profiler.session = SimpleNamespace(windows=windows)  # a session's windows, without its exporter process
+    try:
+        window = capture.start(7, 4, str(tmp_path))
+    finally:
+        profiler.session = None
+    try:
+        assert windows.pending and window.dump is None and window.folder.endswith("capture_step7")
+        windows.place(12)
+        assert windows.captures[0].start == 12 and windows.captures[0].steps == 4
+        assert windows.level(13) == "task_trace"
+    finally:
+        window.close()
+    assert window.done
