@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import math
 import struct
+import time
 from typing import Any
 
-from recorder.layout import MONITOR_SLOT, SCALAR_SLOT, Kind
+import numpy as np
+
+from recorder.layout import MONITOR_SLOT, Kind
 from recorder.monitor_part import SEP, series_key
+from recorder.ring_reader import SLOT_DTYPE
 
 __all__ = ["RingRegion"]
 
@@ -42,6 +46,7 @@ class RingRegion:
         self._recorder = recorder  # a callable giving the live recorder (tests); default: the RDR feature's
         self._ring: Any = None
         self._values: Any = None
+        self._next = 0
         self._anomalies: Any = None
         self._ids: dict[Any, int] = {}
 
@@ -55,8 +60,9 @@ class RingRegion:
         if ring is None or ring.closed:
             return None
         if ring is not self._ring:
-            self._ring, self._ids = ring, {}
-            self._values = ring.slots("monitor") if "monitor" in ring.rings else None
+            self._ring, self._ids, self._next = ring, {}, 0
+            # this sink is the ring's only writer: it numbers the slots itself and writes a step's at once
+            self._values = ring.rings.get("monitor")
             self._anomalies = ring.slots("monitor_anomaly") if "monitor_anomaly" in ring.rings else None
         return ring
 
@@ -66,7 +72,7 @@ class RingRegion:
             return
         try:
             self._write(ring, step_values)
-        except (ValueError, BufferError):  # the ring closed under us (the recorder stopped): nothing to keep
+        except (ValueError, BufferError, TypeError, AssertionError):  # the ring closed under us (recorder stopped)
             if not ring.closed:
                 raise
 
@@ -77,18 +83,36 @@ class RingRegion:
         return sid
 
     def _write(self, ring: Any, step_values: Any) -> None:
-        step = step_values.step
-        target = self._values
-        if target is not None:
-            _, mm, base, cap, size, counter, seq, clock = target
-            pack, now, keep, kind = SCALAR_SLOT.pack_into, clock(), self.steps, int(Kind.MONITOR_VALUE)
-            for prefix, name, micro, stat, value in step_values.values:
-                key = (prefix, name, micro, stat)
-                sid = self._ids.get(key)
-                if sid is None:
-                    sid = self._id(ring, key, series_key(prefix, name, micro, stat))
-                idx = next(counter)
-                pack(mm, base + (idx % cap) * size, next(seq), idx + 1, now, kind, 0, sid, step, keep, float(value))
+        step, values = step_values.step, step_values.values
+        if self._values is not None and values:
+            base, cap = self._values.offset, self._values.capacity
+            get = self._ids.get
+            sids = [get(v[:4]) for v in values]
+            if None in sids:
+                sids = [self._id(ring, v[:4], series_key(*v[:4])) if sid is None else sid
+                        for sid, v in zip(sids, values)]
+            n, first = len(values), self._next
+            self._next = first + n
+            rows = np.empty(n, SLOT_DTYPE)
+            rows["seq"] = next(ring.seq)  # one draw for the step: these slots are not events, they are not ordered
+            rows["idx"] = np.arange(first + 1, first + n + 1)
+            rows["t"] = time.perf_counter_ns()
+            rows["kind"] = int(Kind.MONITOR_VALUE)
+            rows["flags"] = 0
+            rows["a"] = sids
+            rows["b"] = step
+            rows["c"] = self.steps
+            rows["d"] = np.array([v[4] for v in values], dtype="<f8").view("<i8")
+            if n > cap:
+                rows, first = rows[n - cap:], first + n - cap
+            # Slice assignments into the map (a copy under the GIL, as the recorder's own pack_into): no view of
+            # the map outlives the call, so the recorder can always close it.
+            data, at, size = rows.tobytes(), first % cap, SLOT_DTYPE.itemsize
+            mm = ring.buffer()
+            head = min(len(rows), cap - at) * size
+            mm[base + at * size:base + at * size + head] = data[:head]
+            if head < len(data):
+                mm[base:base + len(data) - head] = data[head:]
         target = self._anomalies
         if target is not None and step_values.anomalies:
             _, mm, base, cap, size, counter, seq, clock = target
