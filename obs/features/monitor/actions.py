@@ -4,7 +4,8 @@ A sink of the worker (it runs on the ``obs-monitor`` thread, after the ring regi
 that was flagged):
 
 - ``bundle``: a non-fatal RDR bundle, reason ``anomaly`` (its manifest's ``fault`` names the first anomaly of the
-  step); at most one per ``ring_steps`` steps, so the bundles of one excursion do not repeat each other.
+  step, in causal order: :func:`first_of`); at most one per ``ring_steps`` steps, so the bundles of one excursion
+  do not repeat each other.
 - ``raise``: :class:`MonitorAnomalyError` in the training thread, at the end of the next optimizer step (the worker
   cannot raise there: it sets a flag that an optimizer step post-hook of this module checks).
 - ``capture``: the next ``capture_steps`` steps get the data dump's statistics (``statistic.csv`` per step) and a
@@ -20,7 +21,7 @@ from typing import Any
 
 from obs._core.internal import report_internal_error
 
-__all__ = ["Actions", "MonitorAnomalyError", "describe"]
+__all__ = ["Actions", "MonitorAnomalyError", "describe", "first_of"]
 
 logger = logging.getLogger("obs")
 
@@ -47,6 +48,26 @@ def _as_dict(anomaly: Any) -> dict[str, Any]:
     return {"step": anomaly.step, "series": anomaly.prefix, "name": anomaly.name, "micro": anomaly.micro,
             "stat": anomaly.stat, "value": anomaly.value, "baseline": anomaly.baseline, "rule": anomaly.rule,
             "score": anomaly.score}
+
+
+def first_of(found: list[Any]) -> Any:
+    """The first of a step's anomalies in causal order, as ``obs monitor explain`` orders them (the module and
+    parameter order taken from the order the worker found them in)."""
+    if len(found) == 1:
+        return found[0]
+    from obs.features.monitor.explain import explain
+    from obs.features.monitor.reader import MonitorRun
+    from recorder.monitor_part import RingAnomaly
+
+    params = list(dict.fromkeys(a.name for a in found if a.prefix not in ("actv", "scalars")))
+    modules = [a.name.rpartition(".")[0] for a in found if a.prefix == "actv"] + [p.rpartition(".")[0] for p in params]
+    run = MonitorRun("", None, {"params": params, "modules": list(dict.fromkeys(modules))}, [], recorded=tuple(
+        RingAnomaly(a.step, a.prefix, a.name, a.micro, a.stat, a.value, a.baseline, a.rule, a.score) for a in found))
+    first = explain(run).first
+    if first is None:
+        return found[0]
+    return next((a for a in found if (a.prefix, a.name, a.micro, a.stat, a.rule) ==
+                 (first.series, first.name, first.micro_step, first.stat, first.rule)), found[0])
 
 
 class Actions:
@@ -96,7 +117,8 @@ class Actions:
         found = step_values.anomalies
         if not found:
             return
-        step, first = step_values.step, found[0]
+        step = step_values.step
+        first = first_of(found) if self.actions & {"raise", "bundle"} else found[0]
         if "raise" in self.actions and step > self._raised_step:
             self._raised_step = step
             with self._lock:

@@ -94,8 +94,10 @@ def test_an_anomaly_bundle_names_the_first_anomaly_in_rdr_show(killed, capsys):
     assert "first anomaly: step 200 (rank 0, optimizer): ur h.1.mlp." in out
     assert main(["rdr", "show", str(bundles[0]), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["manifest"]["fault"]["kind"] == "anomaly" and doc["manifest"]["fault"]["monitor_step"] == SPIKE
-    assert doc["monitor"]["first"]["step"] == SPIKE and doc["monitor"]["first"]["kind"] == "ur"
+    fault, first = doc["manifest"]["fault"], doc["monitor"]["first"]
+    assert fault["kind"] == "anomaly" and fault["monitor_step"] == SPIKE
+    assert first["step"] == SPIKE and first["kind"] == "ur"
+    assert (fault["anomaly"]["name"], fault["anomaly"]["series"]) == (first["name"], first["series"])
 
 
 def test_capture_dumps_the_statistics_of_the_next_steps(killed):
