@@ -26,6 +26,7 @@ __all__ = ["RingRegion"]
 
 _HALF = struct.Struct("<e")
 _U16 = struct.Struct("<H")
+_U64 = struct.Struct("<Q")
 
 def _half(score: float) -> int:
     """The score as float16 bits (3 significant digits; above 65504 it reads as infinity)."""
@@ -46,7 +47,8 @@ class RingRegion:
         self._recorder = recorder  # a callable giving the live recorder (tests); default: the RDR feature's
         self._ring: Any = None
         self._values: Any = None
-        self._next = 0
+        self._next = 0  # slots of the monitor ring written, and of monitor_anomaly
+        self._flagged = 0
         self._anomalies: Any = None
         self._ids: dict[Any, int] = {}
 
@@ -60,10 +62,16 @@ class RingRegion:
         if ring is None or ring.closed:
             return None
         if ring is not self._ring:
-            self._ring, self._ids, self._next = ring, {}, 0
-            # this sink is the ring's only writer: it numbers the slots itself and writes a step's at once
+            # This sink is the rings' only writer: it numbers their slots itself and writes a step's at once.  What an
+            # earlier monitor run of the process left there (a hot reload restarted the monitor, not the recorder)
+            # is wiped: a bundle holds the run in force, whose steps count from 0 again.
+            self._ring, self._ids, self._next, self._flagged = ring, {}, 0, 0
             self._values = ring.rings.get("monitor")
-            self._anomalies = ring.slots("monitor_anomaly") if "monitor_anomaly" in ring.rings else None
+            self._anomalies = ring.rings.get("monitor_anomaly")
+            for region in (self._values, self._anomalies):
+                if region is not None and _U64.unpack_from(ring.buffer(), region.offset)[0]:
+                    ring.buffer()[region.offset:region.offset + region.capacity * SLOT_DTYPE.itemsize] = \
+                        bytes(region.capacity * SLOT_DTYPE.itemsize)
         return ring
 
     def __call__(self, step_values: Any) -> None:
@@ -113,14 +121,13 @@ class RingRegion:
             mm[base + at * size:base + at * size + head] = data[:head]
             if head < len(data):
                 mm[base:base + len(data) - head] = data[head:]
-        target = self._anomalies
-        if target is not None and step_values.anomalies:
-            _, mm, base, cap, size, counter, seq, clock = target
-            now = clock()
+        region = self._anomalies
+        if region is not None and step_values.anomalies:
+            mm, base, cap, size = ring.buffer(), region.offset, region.capacity, SLOT_DTYPE.itemsize
+            now, number, kind = time.perf_counter_ns(), next(ring.seq), int(Kind.MONITOR_ANOMALY)
             for a in step_values.anomalies:
                 key = (a.prefix, a.name, a.micro, a.stat, a.rule)
                 sid = self._id(ring, key, series_key(a.prefix, a.name, a.micro, a.stat) + SEP + a.rule)
-                idx = next(counter)
-                MONITOR_SLOT.pack_into(mm, base + (idx % cap) * size, next(seq), idx + 1, now,
-                                       int(Kind.MONITOR_ANOMALY), _half(float(a.score)), sid, step,
-                                       float(a.baseline), float(a.value))
+                idx, self._flagged = self._flagged, self._flagged + 1
+                MONITOR_SLOT.pack_into(mm, base + (idx % cap) * size, number, idx + 1, now, kind,
+                                       _half(float(a.score)), sid, step, float(a.baseline), float(a.value))

@@ -120,7 +120,8 @@ class _Live:
 
 def test_ring_region_layout_wraps_and_keeps_nan_and_scores(tmp_path):
     """The region in a small ring: a wrapped ring keeps only its whole newest steps (at most ring_steps), NaN and
-    infinities survive the bundle's JSON, an anomaly keeps its baseline, rule and score (float16)."""
+    infinities survive the bundle's JSON, an anomaly keeps its baseline, rule and score (float16); a monitor restarted
+    on the same ring starts it afresh."""
     from obs.features.monitor.ring_region import RingRegion
     from obs.features.monitor.writer import Anomaly, StepValues
 
@@ -135,8 +136,13 @@ def test_ring_region_layout_wraps_and_keeps_nan_and_scores(tmp_path):
                 if step in (2, 9) else []
             sink(StepValues(step, values, found))
         contents = read_ring(ring.buffer())
+        again = RingRegion(3, recorder=lambda: _Live(ring))  # a hot reload restarted the monitor, not the recorder
+        again(StepValues(0, [("scalars", "loss", None, "value", 1.5)], []))
+        restarted = read_ring(ring.buffer())
     finally:
         ring.close(remove=True)
+    fresh = from_contents(restarted.strings, restarted.side, restarted.dropped)
+    assert fresh is not None and fresh.steps == (0,) and not fresh.anomalies and len(fresh.series) == 1
     part = from_contents(contents.strings, contents.side, contents.dropped)
     assert part is not None and part.steps == (7, 8, 9) and part.steps_kept == 3
     assert not any(e for e in contents.event_lines() if '"monitor' in e)  # not events
