@@ -249,3 +249,26 @@ def test_capture_asks_the_profiler_for_a_window(tmp_path):
     finally:
         window.close()
     assert window.done
+
+
+def test_the_ring_gets_the_monitor_region_when_the_section_turns_on(tmp_path):
+    """The RDR's ring has the monitor's rings only while the section is on, sized by ring_steps x ring_series: turning
+    the monitor on restarts the recorder on the new layout."""
+    import obs
+    from obs.features.rdr.feature import recorder
+
+    rdr = {"enable": True, "path": str(tmp_path / "rdr"), "granularity": "off"}
+    plain, watched = tmp_path / "plain.json", tmp_path / "watched.json"
+    plain.write_text(json.dumps({"rdr": rdr}))
+    watched.write_text(json.dumps({"rdr": rdr, "monitor": {"enable": True, "format": "api", "ring_steps": 8,
+                                                           "ring_series": 32}}))
+    try:
+        obs.set_context(env_config_path=str(plain))
+        first = recorder()
+        assert first is not None and "monitor" not in first.ring.rings
+        obs.set_context(env_config_path=str(watched))
+        second = recorder()
+        assert second is not None and second is not first
+        assert second.ring.rings["monitor"].capacity == 8 * 32 and "monitor_anomaly" in second.ring.rings
+    finally:
+        obs.reset_context()
