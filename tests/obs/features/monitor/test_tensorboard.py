@@ -77,6 +77,14 @@ def test_the_event_file_holds_every_series_in_msprobes_tags(tmp_path):
         assert [v for _, v in got] == pytest.approx(series.values, rel=1e-5)  # float32 vs 6 significant digits
     assert {"0:0.weight/post_grad_norm", "0:0.weight/param_update_norm", "0:2.bias/update_ratio_ratio", "loss",
             "grad_norm"} <= set(scalars)
+    try:  # TensorBoard's own reader, where it is installed (not a test dependency: it is large)
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        return
+    accumulator = EventAccumulator(folder)
+    accumulator.Reload()
+    assert set(accumulator.Tags()["scalars"]) == set(scalars)
+    assert [(e.step, e.value) for e in accumulator.Scalars("loss")] == scalars["loss"]
 
 
 def test_anomaly_counts_and_the_rank_in_a_job(tmp_path):

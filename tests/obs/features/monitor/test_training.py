@@ -179,9 +179,15 @@ def test_a_bad_batch_is_first_seen_in_the_first_layers_activations(tmp_path):
         torch.set_num_threads(threads)
     header = (tmp_path / "out" / folder / "actv_0-999.csv").read_text().splitlines()[0]
     assert header == "vpp_stage,name,step,micro_step,norm,shape,dtype"
-    first = explain(read_run(folder)).first
+    run = read_run(folder)
+    found = explain(run)
+    first = found.first
     assert first is not None
     assert (first.step, first.kind, first.stage, first.name) == (150, "xy", "forward", "0.input")
+    actv = build_plot(run, found).heatmaps[0]  # the page's first heatmap: activations, in module order
+    assert actv.prefix == "actv" and actv.rows == ["0.input", "0.output", "2.input", "2.output"]
+    mark = next(m for m in actv.marks if m.anomaly == 0)
+    assert (actv.rows[mark.row], actv.columns[mark.column]) == ("0.input", (150, 150))
 
 
 def test_a_compiled_model_runs_and_compiles_as_before(tmp_path, recwarn):
