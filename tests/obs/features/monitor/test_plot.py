@@ -96,3 +96,18 @@ def test_bad_input_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     result = obs_cli("monitor", "plot", str(tmp_path / "empty"), "--html", str(page))
     assert result.returncode == 2 and "no monitor run under" in result.stderr and not page.exists()
+
+
+def test_a_quiet_run_says_no_anomaly_and_escapes_what_it_shows(tmp_path):
+    """No anomaly: the card says so and nothing is marked; a name that looks like markup stays text."""
+    folder = tmp_path / "Nov29_10-00-00-rank0-0a1b2c3d"
+    folder.mkdir()
+    name = "</script><b>x"
+    (folder / "grad_reduced_0-99.csv").write_text("vpp_stage,name,step,norm,shape,dtype\n" + "".join(
+        f'0,"{name}",{s},{1 + 0.01 * (s % 3)},"[2]",torch.float32\n' for s in range(30)))
+    run = read_run(str(folder))
+    text = render_html(build_plot(run, explain(run)))
+    assert '<div class="card ok" id="first">no anomaly' in text
+    assert text.count("</script>") == 2 and "<\\/script><b>x" in text  # the name cannot end the page's data
+    data = _data(text)
+    assert data["heatmaps"][0]["rows"] == [name] and data["heatmaps"][0]["marks"] == [] and data["anomalies"] == []
