@@ -39,36 +39,38 @@ def kind_of(anomaly: Any) -> str:
 
 class MetricsSink:
     """Each step's global gradient norm, largest update ratio and anomaly counts to ``scalar(name, value)``
-    (default: ``obs.scalar``'s path into the profiler's ring)."""
+    (default: ``obs.scalar``'s path into the profiler's ring, skipped at once while the profiler's metrics are off;
+    the anomalies are counted all the same, and every kind's count is written again when they come on)."""
 
     def __init__(self, scalar: Callable[[str, Any], None] | None = None) -> None:
         if scalar is None:
-            from obs.features.profiling.scalars import scalar as obs_scalar
+            from obs.features.profiling import scalars
 
-            scalar = obs_scalar
-        self.scalar = scalar
+            self.scalar, self._on = scalars.scalar, scalars.recording
+        else:
+            self.scalar, self._on = scalar, _always
         self.anomalies: Counter[str] = Counter()
-        self._started = False
+        self._announced = False  # every kind's count written since the metrics came on
 
     def __call__(self, values: Any) -> None:
-        if not self._started:
-            self._started = True
-            for kind in KINDS:
-                self.scalar(f"{ANOMALIES}{SEP}{kind}", 0.0)
-        grad_norm: float | None = None
-        best: tuple[str, float] | None = None
-        for prefix, name, _, _, value in values.values:
-            if prefix == "update_ratio":
-                if math.isfinite(value) and (best is None or value > best[1]):
-                    best = (name, value)
-            elif prefix == "scalars" and name == "grad_norm":
-                grad_norm = value
-        if grad_norm is not None:
-            self.scalar(GRAD_NORM, grad_norm)
-        if best is not None:
-            self.scalar(f"{RATIO_MAX}{SEP}{best[0]}", best[1])
-        if values.anomalies:
-            kinds = [kind_of(a) for a in values.anomalies]
-            self.anomalies.update(kinds)
-            for kind in sorted(set(kinds)):
-                self.scalar(f"{ANOMALIES}{SEP}{kind}", float(self.anomalies[kind]))
+        kinds = [kind_of(a) for a in values.anomalies] if values.anomalies else []
+        self.anomalies.update(kinds)
+        if not self._on():
+            self._announced = False
+            return
+        scalar = self.scalar
+        for kind in sorted(set(kinds) if self._announced else {*KINDS, *self.anomalies}):
+            scalar(f"{ANOMALIES}{SEP}{kind}", float(self.anomalies[kind]))
+        self._announced = True
+        ratios = [(value, name) for prefix, name, _, _, value in values.values
+                  if prefix == "update_ratio" and value == value and value != math.inf]
+        if ratios:
+            value, name = max(ratios)
+            scalar(f"{RATIO_MAX}{SEP}{name}", value)
+        norm = [value for prefix, name, _, _, value in values.values if prefix == "scalars" and name == "grad_norm"]
+        if norm:
+            scalar(GRAD_NORM, norm[-1])
+
+
+def _always() -> bool:
+    return True
