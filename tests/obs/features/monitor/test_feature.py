@@ -109,6 +109,13 @@ def test_msprobes_file_statistics_and_moments(tmp_path, caplog):
     assert len(weight.values) == 3 and all(v > 0 for v in weight.values)
     nans = next(s for s in run.series if (s.prefix, s.stat) == ("exp_avg_sq", "nans"))
     assert nans.values == (0.0, 0.0, 0.0)
+    from obs.features.monitor.explain import explain
+    from obs.features.monitor.plot import build_plot
+
+    heatmaps = build_plot(run, explain(run)).heatmaps  # obs monitor plot: a heatmap per file, Adam's moments too
+    assert [(h.prefix, h.kind, h.stat) for h in heatmaps] == [
+        ("grad_reduced", "wg", "norm"), ("param_update", "ur", "norm"), ("update_ratio", "ur", "ratio"),
+        ("exp_avg", "mv", "norm"), ("exp_avg_sq", "mv", "norm")]
 
 
 def test_the_loss_given_to_obs_scalar_replaces_backwards(tmp_path):
