@@ -47,6 +47,7 @@ def _outputs(settings: Mapping[str, Any], folder: str | None, rank: int, world_s
     """The worker's sinks besides CSV: the metrics (through the profiler's, when on) and, with ``format:
     tensorboard``, the event file; a missing ``tensorboard`` extra is said once and the CSV files still written."""
     from obs._core.errors import ObsConfigError
+    from obs._core.internal import report_internal_error
     from obs.features.monitor.metrics import MetricsSink
 
     sinks: list[Any] = [MetricsSink()]
@@ -57,6 +58,8 @@ def _outputs(settings: Mapping[str, Any], folder: str | None, rank: int, world_s
             sinks.append(TensorBoardSink(folder, rank=rank, world_size=world_size))
         except ObsConfigError as exc:
             logger.error("obs: monitor: %s; the CSV files are written without it", exc)
+        except Exception as exc:  # noqa: BLE001 - an unwritable event file: reported, the CSV files still written
+            report_internal_error("monitor tensorboard", exc)
     return sinks
 
 
