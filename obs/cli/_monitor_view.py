@@ -1,8 +1,8 @@
-"""``obs monitor show`` and ``obs monitor explain``: a monitor run's series that moved most, and its anomalies in
-causal order.
+"""``obs monitor show``, ``explain`` and ``plot``: a monitor run's series that moved most, its anomalies in causal
+order, and the page of its heatmaps.
 
-Exit codes (docs/cli.md): ``explain`` 1 when it found an anomaly, 0 when none; ``show`` 0; both 1 on a damaged file
-and 2 on bad input (no run under PATH).
+Exit codes (docs/cli.md): ``explain`` 1 when it found an anomaly, 0 when none; ``show`` and ``plot`` 0; all 1 on a
+damaged file and 2 on bad input (no run under PATH, a bad ``--columns``).
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from typing import Any
 
 from rich.table import Table
 
-from obs.cli._exit import EXIT_FAILURE, EXIT_OK
-from obs.cli._render import console, markup_text, print_json, warning
+from obs._core import safe_files
+from obs.cli._exit import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from obs.cli._render import console, error, markup_text, print_json, say_written, warning
 from obs.features.monitor.bundle_run import is_bundle, read_bundle_run
 from obs.features.monitor.explain import Explanation, explain, movers
 from obs.features.monitor.reader import find_run, read_run
 
-__all__ = ["print_explanation", "run_explain", "run_show"]
+__all__ = ["print_explanation", "run_explain", "run_plot", "run_show"]
 
 
 def _read(path: str) -> tuple[str, object]:
@@ -99,3 +100,20 @@ def print_explanation(out: Any, found: Explanation, limit: int) -> None:
     out.print(table)
     if len(found.anomalies) > limit:
         out.print(f"[dim]... {len(found.anomalies) - limit} more (--limit, --json)[/]")
+
+
+def run_plot(path: str, *, html: str, columns: int) -> int:
+    from obs.features.monitor.plot import build_plot
+    from obs.features.monitor.plot_html import render_html
+
+    if columns < 1:
+        error(f"--columns must be at least 1 (got {columns})")
+        return EXIT_USAGE
+    _, run = _read(path)
+    found: Explanation = explain(run)  # type: ignore[arg-type]
+    for problem in found.problems:
+        warning(problem)
+    page = render_html(build_plot(run, found, max_columns=columns))  # type: ignore[arg-type]
+    safe_files.write_atomic(html, page, fsync=False)
+    say_written("monitor plot", html)
+    return EXIT_OK

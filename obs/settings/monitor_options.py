@@ -216,7 +216,8 @@ MONITOR_OPTIONS = OptionTable("monitor", [
     Option("alert", Alert(), {}, "msprobe's alert rules, added to the default robust rule: AnomalyTurbulence "
            "(threshold: above the running mean by that share) and AnomalyNan."),
     Option("format", Choice(("csv", "tensorboard", "api")), "csv", "csv: msprobe's CSV files; api: none written "
-           "(anomalies still reported); tensorboard: not written yet, CSV instead (a warning says so)."),
+           "(anomalies still reported); tensorboard: a TensorBoard event file too, in msprobe's tags, beside the CSV "
+           "files (the tensorboard extra: pip install 'obs-runtime[tensorboard]')."),
     Option("start_step", Int(min=0), 0, "First optimizer step collected (counting from 0, as msprobe)."),
     Option("step_interval", Int(min=1), 1, "Collect every N-th step from start_step."),
     Option("collect_times", Int(min=0), 100_000_000, "Stop after collecting this many steps."),

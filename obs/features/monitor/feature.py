@@ -43,6 +43,26 @@ def _ring_marker(anomaly: Any, kind: str) -> None:
                     stat=anomaly.stat, value=anomaly.value, baseline=anomaly.baseline, rule=anomaly.rule)
 
 
+def _outputs(settings: Mapping[str, Any], folder: str | None, rank: int, world_size: int) -> list[Any]:
+    """The worker's sinks besides CSV: the metrics (through the profiler's, when on) and, with ``format:
+    tensorboard``, the event file; a missing ``tensorboard`` extra is said once and the CSV files still written."""
+    from obs._core.errors import ObsConfigError
+    from obs._core.internal import report_internal_error
+    from obs.features.monitor.metrics import MetricsSink
+
+    sinks: list[Any] = [MetricsSink()]
+    if settings["format"] == "tensorboard" and folder is not None:
+        from obs.features.monitor.tensorboard import TensorBoardSink
+
+        try:
+            sinks.append(TensorBoardSink(folder, rank=rank, world_size=world_size))
+        except ObsConfigError as exc:
+            logger.error("obs: monitor: %s; the CSV files are written without it", exc)
+        except Exception as exc:  # noqa: BLE001 - an unwritable event file: reported, the CSV files still written
+            report_internal_error("monitor tensorboard", exc)
+    return sinks
+
+
 class Monitor:
     """One run: its folder, its hooks and its worker thread."""
 
@@ -81,6 +101,8 @@ class Monitor:
             sinks.append(self.actions)
         self.worker = Worker(self.folder, detector=Detector(rules), ndigits=settings["ndigits"],
                              per_file=settings["step_count_per_record"], on_anomaly=_ring_marker, sinks=sinks)
+        self.outputs = _outputs(settings, self.folder, rank, world_size)
+        self.worker.sinks.extend(self.outputs)
         meta = {**process_meta(rank, world_size), "settings": {
             k: settings[k] for k in ("ops", "eps", "window", "warmup", "threshold", "alert", "step_count_per_record",
                                      "start_step", "step_interval", "targets", "update_sample")}}
@@ -94,6 +116,9 @@ class Monitor:
         self.collector.remove()
         self.worker.flush()
         self.worker.close()
+        for output in self.outputs:
+            if hasattr(output, "close"):
+                output.close()
         if self.actions is not None:
             self.actions.close()
 
@@ -144,9 +169,6 @@ class MonitorFeature:
         self._want = want
         if ranks and who.rank not in ranks:
             return
-        if want["format"] == "tensorboard":
-            logger.warning("obs: monitor: format 'tensorboard' is not written by this version of obs; the CSV files "
-                           "are written instead")
         if want["cc_distribution"].get("enable"):
             logger.warning("obs: monitor: cc_distribution (collectives) is accepted but not collected yet")
         self.monitor = Monitor(want, who.rank, who.world_size)
