@@ -43,6 +43,19 @@ def _ring_marker(anomaly: Any, kind: str) -> None:
                     stat=anomaly.stat, value=anomaly.value, baseline=anomaly.baseline, rule=anomaly.rule)
 
 
+def _identity() -> dict[str, Any]:
+    """monitor.json's host and job id (clock.py), never an error that stops the monitor."""
+    from obs.features.monitor.clock import identity
+
+    try:
+        return identity()
+    except Exception as exc:  # noqa: BLE001 - reported; the run goes on without them
+        from obs._core.internal import report_internal_error
+
+        report_internal_error("monitor: identity", exc)
+        return {}
+
+
 class Monitor:
     """One run: its folder, its hooks and its worker thread."""
 
@@ -68,10 +81,18 @@ class Monitor:
         rules = rules_from(settings["window"], settings["warmup"], settings["threshold"], settings["alert"])
         self.worker = Worker(self.folder, detector=Detector(rules), ndigits=settings["ndigits"],
                              per_file=settings["step_count_per_record"], on_anomaly=_ring_marker)
-        meta = {**process_meta(rank, world_size), "settings": {
+        self.times: Any = None
+        if self.folder is not None:  # each step's wall time: the ranks of a job lined up (clock.py)
+            from obs.features.monitor.clock import StepTimes
+
+            self.times = StepTimes(self.folder)
+            self.worker.on_step = self.times
+        meta = {**process_meta(rank, world_size), **_identity(), "settings": {
             k: settings[k] for k in ("ops", "eps", "window", "warmup", "threshold", "alert", "step_count_per_record",
                                      "start_step", "step_interval", "targets", "update_sample")}}
         self.collector = Collector(self.plan, self.worker, meta).install()
+        if self.times is not None:
+            self.times.meta = self.collector.meta
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every collected step is written and judged (tests, exit)."""
@@ -81,6 +102,8 @@ class Monitor:
         self.collector.remove()
         self.worker.flush()
         self.worker.close()
+        if self.times is not None:
+            self.times.close()
 
 
 class MonitorFeature:

@@ -1,0 +1,143 @@
+"""Each collected step's wall time, so that the runs of a job's ranks can be lined up (``obs monitor explain`` over a
+job's root).
+
+* :class:`StepTimes`: the monitor worker's ``on_step`` (:class:`~obs.features.monitor.writer.Worker`): it appends
+  ``step,time_ns`` to ``step_times.csv`` in the run folder, the wall clock when the training thread handed the step
+  over, right after ``optimizer.step()`` (:attr:`~obs.features.monitor.writer.Packet.t`).  msprobe's CSV files are
+  left as they are (its tools match ``{prefix}_{a}-{b}.csv``; this name does not).
+* :func:`read_times`: that file read back (pure).
+* :func:`host_offsets`: each host's clock against the lowest rank's, as ``obs rdr analyze`` computes them
+  (:mod:`recorder.arrival`): ranks on one host share its clock; between hosts, the median difference of a moment all
+  ranks share.  There it is when a collective ends; here the end of the same optimizer step, which in synchronous
+  data parallel training follows the gradients' all-reduce on every rank.
+* :func:`identity`: what ``monitor.json`` adds for it (host, the launcher's job id); at the first step
+  :class:`StepTimes` corrects its rank and world size from torch.distributed when the monitor started before
+  ``init_process_group`` without being told the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from obs._core import safe_files
+from obs._core.errors import DamagedFileError
+from obs.features.monitor.layout import META
+
+__all__ = ["TIMES", "StepTimes", "host_offsets", "identity", "read_times"]
+
+TIMES = "step_times.csv"
+_HEADER = "step,time_ns\n"
+_LIMIT = 1 << 28
+
+
+def identity() -> dict[str, Any]:
+    """``monitor.json``'s keys for lining ranks up: ``host``, and ``job`` (the launcher's job id, torchrun's
+    ``--rdzv-id``) when there is one."""
+    from obs.runtime import job
+
+    out: dict[str, Any] = {"host": socket.gethostname()}
+    run_id = job.launcher_run_id()
+    if run_id is not None:
+        out["job"] = run_id
+    return out
+
+
+class StepTimes:
+    """Writes ``step_times.csv`` (one line per collected step; the file is opened once, appended to)."""
+
+    def __init__(self, folder: str, meta: dict[str, Any] | None = None) -> None:
+        self.folder = folder
+        self.meta = meta  #: the collector's meta (what it sends to monitor.json), corrected at the first step
+        self._fd: int | None = None
+        self._last = -1
+
+    def __call__(self, step: int, t: int) -> None:
+        if step == self._last:  # one line per step
+            return
+        self._last = step
+        if self._fd is None:
+            self._settle()
+            path = os.path.join(self.folder, TIMES)
+            if os.path.lexists(path):
+                self._fd = safe_files.open_append(path, what="monitor step times")
+            else:
+                self._fd = safe_files.create_file(path, append=True, folder_ready=True)
+                os.write(self._fd, _HEADER.encode())
+        os.write(self._fd, f"{step},{t}\n".encode())
+
+    def _settle(self) -> None:
+        """At the first step: torch.distributed's rank and world size into ``monitor.json`` when the monitor started
+        before ``init_process_group`` under a launcher that does not say the rank (``torch.multiprocessing.spawn``,
+        Lightning's): the run folder keeps its name, the file says the rank (the reader takes the file's)."""
+        dist = sys.modules.get("torch.distributed")
+        if self.meta is None or dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        rank, world = int(dist.get_rank()), int(dist.get_world_size())
+        if (self.meta.get("rank"), self.meta.get("world_size")) == (rank, world):
+            return
+        self.meta["rank"], self.meta["world_size"] = rank, world  # the collector's later copies say it too
+        path = os.path.join(self.folder, META)
+        with open(path, encoding="utf-8") as fh:
+            body = json.load(fh)
+        body.update(rank=rank, world_size=world)
+        safe_files.write_atomic(path, json.dumps(body, indent=1), fsync=False)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_times(folder: str) -> dict[int, int]:
+    """``step -> time_ns`` of a run folder ({} without the file: msprobe's own runs, obs before it).  A damaged line
+    is an error naming the file and line; a cut last line (a run killed while writing) is left out."""
+    path = os.path.join(folder, TIMES)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(_LIMIT)
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DamagedFileError(f"{path}: not readable ({exc})", path=path) from None
+    lines = text.splitlines()
+    if not text.endswith("\n"):
+        lines = lines[:-1]
+    if not lines:
+        return {}
+    if lines[0] != _HEADER.strip():
+        raise DamagedFileError(f"{path}: not a monitor step times file (its first line is {lines[0][:40]!r}, "
+                               f"expected {_HEADER.strip()!r})", path=path)
+    out: dict[int, int] = {}
+    for number, line in enumerate(lines[1:], 2):
+        step, _, t = line.partition(",")
+        if not (step.isdigit() and t.isdigit()):
+            raise DamagedFileError(f"{path}:{number}: expected 'step,time_ns' as two integers (got {line[:60]!r})",
+                                   path=path)
+        out[int(step)] = int(t)
+    return out
+
+
+def host_offsets(hosts: Mapping[int, str], times: Mapping[int, Mapping[int, int]]) -> dict[str, int]:
+    """Each host's clock minus the lowest rank's host's (ns): the median, over the steps both hold, of a rank's step
+    time less the lowest rank's.  ``hosts``: rank -> host; ``times``: rank -> step -> time_ns.  A host with no step in
+    common with the reference gets 0 (not lined up)."""
+    if not hosts:
+        return {}
+    ref_rank = min(hosts)
+    ref_host, ref = hosts[ref_rank], times.get(ref_rank, {})
+    out = {ref_host: 0}
+    by_host: dict[str, list[int]] = {}
+    for rank in sorted(hosts):
+        by_host.setdefault(hosts[rank], []).append(rank)
+    for host, ranks in by_host.items():
+        if host == ref_host:
+            continue
+        diffs = [t - ref[s] for r in ranks for s, t in times.get(r, {}).items() if s in ref]
+        out[host] = int(statistics.median(diffs)) if diffs else 0
+    return out
