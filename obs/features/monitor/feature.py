@@ -96,7 +96,10 @@ class Monitor:
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every collected step is written and judged (tests, exit)."""
-        return self.worker.flush(timeout)
+        done = self.worker.flush(timeout)
+        if done and self.times is not None:  # the worker is idle now: its step times written too
+            self.times.flush()
+        return done
 
     def close(self) -> None:
         self.collector.remove()

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from obs._core.errors import DamagedFileError
 from obs.cli import main
 from obs.features.monitor.clock import TIMES, host_offsets, read_times
 from obs.features.monitor.job import explain_job, find_job, read_job
@@ -206,3 +207,16 @@ def test_pipeline_stages_and_all_ranks(job, tmp_path):
     found = explain_job(find_job(str(tmp_path)), read_job(find_job(str(tmp_path))))
     assert found.first is not None and found.first.series == "grad_reduced"
     assert found.scope == "all ranks" and found.scope_ranks == [0, 1]
+
+
+def test_runs_without_step_times_are_merged_by_step(job, tmp_path):
+    """Runs with no step_times.csv (msprobe's own, or an older obs): merged by step number, their anomalies without
+    a time, and a damaged step times file is an error naming it and the line."""
+    made = _copy(job, tmp_path, {})
+    os.remove(os.path.join(made[1], TIMES))
+    found = explain_job(find_job(str(tmp_path)), read_job(find_job(str(tmp_path))))
+    assert found.first is not None and (found.first.rank, found.first.step) == (1, BAD) and found.times[0] is None
+    assert [r.timed for r in found.ranks] == [True, False]
+    pathlib.Path(made[0], TIMES).write_text("step,time_ns\n0,12\nx,3\n")
+    with pytest.raises(DamagedFileError, match=r"step_times\.csv:3: expected 'step,time_ns'"):
+        find_job(str(tmp_path))
