@@ -12,7 +12,8 @@ job's root).
   data parallel training follows the gradients' all-reduce on every rank.
 * :func:`identity`: what ``monitor.json`` adds for it (host, the launcher's job id); at the first step
   :class:`StepTimes` corrects its rank and world size from torch.distributed when the monitor started before
-  ``init_process_group`` without being told the rank.
+  ``init_process_group`` without being told the rank, and adds the pipeline stage where Megatron's parallel state
+  knows it (:func:`pipeline_stage`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from obs._core import safe_files
 from obs._core.errors import DamagedFileError
 from obs.features.monitor.layout import META
 
-__all__ = ["BATCH", "TIMES", "StepTimes", "host_offsets", "identity", "read_times"]
+__all__ = ["BATCH", "TIMES", "StepTimes", "host_offsets", "identity", "pipeline_stage", "read_times"]
 
 TIMES = "step_times.csv"
 BATCH = 16  #: lines a write: the worker writes each step's CSV rows already, this file need not cost one more
@@ -82,20 +83,27 @@ class StepTimes:
             os.write(self._fd, "".join(lines).encode())
 
     def _settle(self) -> None:
-        """At the first step: torch.distributed's rank and world size into ``monitor.json`` when the monitor started
+        """At the first step, into ``monitor.json``: torch.distributed's rank and world size when the monitor started
         before ``init_process_group`` under a launcher that does not say the rank (``torch.multiprocessing.spawn``,
-        Lightning's): the run folder keeps its name, the file says the rank (the reader takes the file's)."""
+        Lightning's: the run folder keeps its name, the file says the rank, and the reader takes the file's); and the
+        pipeline stage (``pp_stage``) where Megatron's parallel state knows it."""
+        if self.meta is None:
+            return
+        found: dict[str, int] = {}
         dist = sys.modules.get("torch.distributed")
-        if self.meta is None or dist is None or not dist.is_available() or not dist.is_initialized():
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            found.update(rank=int(dist.get_rank()), world_size=int(dist.get_world_size()))
+        stage = pipeline_stage()
+        if stage is not None:
+            found["pp_stage"] = stage
+        changed = {k: v for k, v in found.items() if self.meta.get(k) != v}
+        if not changed:
             return
-        rank, world = int(dist.get_rank()), int(dist.get_world_size())
-        if (self.meta.get("rank"), self.meta.get("world_size")) == (rank, world):
-            return
-        self.meta["rank"], self.meta["world_size"] = rank, world  # the collector's later copies say it too
+        self.meta.update(changed)  # the collector's later copies say it too
         path = os.path.join(self.folder, META)
         with open(path, encoding="utf-8") as fh:
             body = json.load(fh)
-        body.update(rank=rank, world_size=world)
+        body.update(changed)
         safe_files.write_atomic(path, json.dumps(body, indent=1), fsync=False)
 
     def close(self) -> None:
@@ -103,6 +111,21 @@ class StepTimes:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def pipeline_stage() -> int | None:
+    """This rank's pipeline stage, from Megatron's parallel state (Megatron-Core or Megatron-LM's ``mpu``, as msprobe
+    takes it) when the process imported it and initialised model parallelism; else None.  Nothing is imported."""
+    for name in ("megatron.core.parallel_state", "megatron.core.mpu"):
+        mpu = sys.modules.get(name)
+        if mpu is None:
+            continue
+        try:
+            if mpu.model_parallel_is_initialized():
+                return int(mpu.get_pipeline_model_parallel_rank())
+        except Exception:  # noqa: BLE001 - another version's API: no stage, the run goes on
+            return None
+    return None
 
 
 def read_times(folder: str) -> dict[int, int]:

@@ -15,12 +15,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import types
 
 import pytest
 
 from obs._core.errors import DamagedFileError
 from obs.cli import main
-from obs.features.monitor.clock import TIMES, host_offsets, read_times
+from obs.features.monitor.clock import TIMES, StepTimes, host_offsets, pipeline_stage, read_times
 from obs.features.monitor.job import explain_job, find_job, read_job
 from obs.features.monitor.layout import CSV_PATTERN
 from obs.features.monitor.reader import read_run
@@ -220,3 +221,22 @@ def test_runs_without_step_times_are_merged_by_step(job, tmp_path):
     pathlib.Path(made[0], TIMES).write_text("step,time_ns\n0,12\nx,3\n")
     with pytest.raises(DamagedFileError, match=r"step_times\.csv:3: expected 'step,time_ns'"):
         find_job(str(tmp_path))
+
+
+def test_the_pipeline_stage_comes_from_megatrons_parallel_state(tmp_path, monkeypatch):
+    """At the first step the step times' writer adds Megatron's pipeline rank to monitor.json (and to what the
+    collector sends later); one line per step, the last ones written at close."""
+    mpu = types.ModuleType("megatron.core.parallel_state")
+    mpu.model_parallel_is_initialized = lambda: False  # type: ignore[attr-defined]
+    mpu.get_pipeline_model_parallel_rank = lambda: 3  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", mpu)
+    assert pipeline_stage() is None
+    mpu.model_parallel_is_initialized = lambda: True  # type: ignore[attr-defined]
+    (tmp_path / "monitor.json").write_text(json.dumps({"format": "obs-monitor", "rank": 0}))
+    meta = {"rank": 0}
+    times = StepTimes(str(tmp_path), meta)
+    for step, t in ((0, 5), (0, 6), (1, 7)):
+        times(step, t)
+    times.close()
+    assert meta["pp_stage"] == 3 and json.loads((tmp_path / "monitor.json").read_text())["pp_stage"] == 3
+    assert read_times(str(tmp_path)) == {0: 5, 1: 7}
