@@ -28,6 +28,7 @@ from typing import Any
 
 from obs._core import safe_files
 from obs._core.errors import DamagedFileError
+from obs._core.internal import report_internal_error
 from obs.features.monitor.layout import META
 
 __all__ = ["BATCH", "TIMES", "StepTimes", "host_offsets", "identity", "pipeline_stage", "read_times"]
@@ -66,7 +67,10 @@ class StepTimes:
             return
         self._last = step
         if self._fd is None:
-            self._settle()
+            try:
+                self._settle()
+            except Exception as exc:  # noqa: BLE001 - reported; the step times are written all the same
+                report_internal_error("monitor: rank and pipeline stage", exc)
             path = os.path.join(self.folder, TIMES)
             if os.path.lexists(path):
                 self._fd = safe_files.open_append(path, what="monitor step times")
