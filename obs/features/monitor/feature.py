@@ -93,6 +93,11 @@ class Monitor:
         self.collector = Collector(self.plan, self.worker, meta).install()
         if self.times is not None:
             self.times.meta = self.collector.meta
+        self.unreduced: Any = None
+        if self.plan.wg:  # msprobe's grad_unreduced, in a job of several ranks (unreduced.py)
+            from obs.features.monitor.unreduced import Unreduced
+
+            self.unreduced = Unreduced(self.collector)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every collected step is written and judged (tests, exit)."""
@@ -103,6 +108,8 @@ class Monitor:
 
     def close(self) -> None:
         self.collector.remove()
+        if self.unreduced is not None:
+            self.unreduced.remove()
         self.worker.flush()
         self.worker.close()
         if self.times is not None:

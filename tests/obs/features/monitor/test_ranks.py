@@ -38,6 +38,7 @@ def job(tmp_path_factory):
     config = out / "obs.json"
     config.write_text(json.dumps({"monitor": {
         "enable": True, "path": str(out / "monitor"), "xy_distribution": True, "step_count_per_record": 1000,
+        "wg_distribution": True,  # with it, DDP's unreduced gradients (grad_unreduced) too
         "targets": {"module.": {}, "module.0": {}, "module.2": {}}}}))  # every parameter; the first layers' xy
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "OBS_", "OTEL_", "MONITOR_")) or
            k.startswith("OBS_NATIVE")}
@@ -113,10 +114,27 @@ def test_explain_over_the_root_says_rank_1s_activations_left_their_history_first
     assert not [a for a in found.anomalies if a.kind == "xy" and a.rank == 0 and a.step == BAD]
     spread = {(s.stage, s.series, s.kind): s.ranks for s in found.spread}
     assert spread[("forward", "actv", "xy")] == [1]
+    assert spread[("backward", "grad_unreduced", "wg")] == [1]  # each rank's own gradient, before the all-reduce
     assert spread[("backward", "grad_reduced", "wg")] == [0, 1]
     assert found.loss_step == BAD and found.lead_steps == 0
     assert [r.rank for r in found.ranks] == [0, 1] and all(r.offset_s == 0 and r.timed for r in found.ranks)
     assert found.times[0] is not None and not found.left_out and not found.problems
+
+
+def test_ddps_unreduced_gradients_are_each_ranks_own(job):
+    """grad_unreduced holds each rank's gradient before the all-reduce: at the bad step rank 1's is twice the reduced
+    one (the mean of two ranks, rank 0's being small), rank 0's is its own, far smaller; from step 1 on (the hooks
+    go in at the first step); elsewhere the mean of the two ranks' is the reduced one."""
+    runs = {r: read_run(f) for r, f in job["runs"].items()}
+
+    def series(rank, prefix):
+        return next(s for s in runs[rank].series if s.prefix == prefix and s.name == "module.4.bias")
+
+    own = {r: dict(zip(series(r, "grad_unreduced").steps, series(r, "grad_unreduced").values)) for r in (0, 1)}
+    reduced = dict(zip(series(0, "grad_reduced").steps, series(0, "grad_reduced").values))
+    assert sorted(own[0]) == list(range(1, STEPS))
+    assert own[1][BAD] == pytest.approx(2 * reduced[BAD], rel=0.01) and own[0][BAD] < reduced[BAD] / 10
+    assert own[0][60] != own[1][60] and reduced[60] <= (own[0][60] + own[1][60]) / 2 * 1.0001
 
 
 def test_explain_json_and_text_over_the_root(job, capsys):
@@ -134,7 +152,7 @@ def test_explain_json_and_text_over_the_root(job, capsys):
     text = capsys.readouterr().out
     assert re.search(r"first anomaly: step 120 \(rank 1, forward\): xy module\.0\.input actv/norm", text)
     assert "it began on one rank, rank 1 of 2" in text
-    assert "backward wg grad_reduced on ranks 0, 1" in text
+    assert "backward wg grad_unreduced on rank 1; backward wg grad_reduced on ranks 0, 1" in text
 
 
 def test_show_over_the_root_names_each_series_rank(job, capsys):
@@ -159,6 +177,7 @@ def test_msprobes_files_stay_as_they_were(job):
     heads = {p.name: p.read_text().splitlines()[0] for p in pathlib.Path(folder).glob("*.csv")}
     assert heads["actv_0-999.csv"] == "vpp_stage,name,step,micro_step,norm,shape,dtype"
     assert heads["grad_reduced_0-999.csv"] == "vpp_stage,name,step,norm,shape,dtype"
+    assert heads["grad_unreduced_0-999.csv"] == heads["grad_reduced_0-999.csv"]
     assert heads[TIMES] == "step,time_ns"
     assert not re.match(r"\w+_\d+-\d+\.csv", TIMES) and not CSV_PATTERN.fullmatch(TIMES)
     times = read_times(folder)
@@ -193,21 +212,24 @@ def test_which_runs_form_the_job(job, tmp_path):
 
 
 def test_pipeline_stages_and_all_ranks(job, tmp_path):
-    """With pipeline stages in monitor.json, backward is ordered from the last stage (rank 1 here) to the first; with
-    the activations and the loss not recorded, the anomaly begins in the reduced gradients of all ranks."""
+    """With pipeline stages in monitor.json, backward is ordered from the last stage (rank 1 here) to the first.
+    Without the activations and the loss, the unreduced gradients still say it began on rank 1 (as for a faulty
+    device); without them too, it begins in the reduced gradients, on all ranks."""
     made = _copy(job, tmp_path, {0: {"pp_stage": 0}, 1: {"pp_stage": 1}})
     found = explain_job(find_job(str(tmp_path)), read_job(find_job(str(tmp_path))))
-    backward = [a for a in found.anomalies if a.stage == "backward"]
-    assert found.first is not None and found.first.rank == 1 and backward[0].rank == 1
+    reduced = [a for a in found.anomalies if a.series == "grad_reduced"]
+    assert found.first is not None and found.first.rank == 1 and reduced[0].rank == 1
     plain = explain_job(find_job(job["root"]), read_job(find_job(job["root"])))
-    assert next(a for a in plain.anomalies if a.stage == "backward").rank == 0
-    for folder in made.values():
-        for name in os.listdir(folder):
-            if name.startswith(("actv_", "scalars_")):
-                os.remove(os.path.join(folder, name))
-    found = explain_job(find_job(str(tmp_path)), read_job(find_job(str(tmp_path))))
-    assert found.first is not None and found.first.series == "grad_reduced"
-    assert found.scope == "all ranks" and found.scope_ranks == [0, 1]
+    assert next(a for a in plain.anomalies if a.series == "grad_reduced").rank == 0
+    for prefixes, series, scope, ranks in ((("actv_", "scalars_"), "grad_unreduced", "one rank", [1]),
+                                           (("grad_unreduced_",), "grad_reduced", "all ranks", [0, 1])):
+        for folder in made.values():
+            for name in os.listdir(folder):
+                if name.startswith(prefixes):
+                    os.remove(os.path.join(folder, name))
+        found = explain_job(find_job(str(tmp_path)), read_job(find_job(str(tmp_path))))
+        assert found.first is not None and (found.first.series, found.first.step) == (series, BAD)
+        assert found.scope == scope and found.scope_ranks == ranks
 
 
 def test_runs_without_step_times_are_merged_by_step(job, tmp_path):
