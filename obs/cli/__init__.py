@@ -211,8 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("monitor", help="the training-health monitor's runs: the series that moved most, the "
                        "anomalies in causal order", description="Views of a monitor run folder (msprobe's CSV "
-                       "layout; PATH may be the folder of runs, the newest is read). --json: one JSON document. "
-                       "explain exits 1 when it finds an anomaly; 1 on a damaged file, 2 on bad input.")
+                       "layout; PATH may be the folder of runs: the job that ran last is read, its ranks merged). "
+                       "--json: one JSON document. explain exits 1 when it finds an anomaly; 1 on a damaged file, "
+                       "2 on bad input.")
     msub = p.add_subparsers(dest="monitor_command", metavar="ACTION")
     msub.required = True
     m = msub.add_parser("show", help="a per-step table of the series that moved most")

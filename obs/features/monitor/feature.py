@@ -61,6 +61,17 @@ def _outputs(settings: Mapping[str, Any], folder: str | None, rank: int, world_s
         except Exception as exc:  # noqa: BLE001 - an unwritable event file: reported, the CSV files still written
             report_internal_error("monitor tensorboard", exc)
     return sinks
+def _identity() -> dict[str, Any]:
+    """monitor.json's host and job id (clock.py), never an error that stops the monitor."""
+    from obs.features.monitor.clock import identity
+
+    try:
+        return identity()
+    except Exception as exc:  # noqa: BLE001 - reported; the run goes on without them
+        from obs._core.internal import report_internal_error
+
+        report_internal_error("monitor: identity", exc)
+        return {}
 
 
 class Monitor:
@@ -103,17 +114,35 @@ class Monitor:
                              per_file=settings["step_count_per_record"], on_anomaly=_ring_marker, sinks=sinks)
         self.outputs = _outputs(settings, self.folder, rank, world_size)
         self.worker.sinks.extend(self.outputs)
-        meta = {**process_meta(rank, world_size), "settings": {
+        self.times: Any = None
+        if self.folder is not None:  # each step's wall time: the ranks of a job lined up (clock.py)
+            from obs.features.monitor.clock import StepTimes
+
+            self.times = StepTimes(self.folder)
+            self.worker.on_step = self.times
+        meta = {**process_meta(rank, world_size), **_identity(), "settings": {
             k: settings[k] for k in ("ops", "eps", "window", "warmup", "threshold", "alert", "step_count_per_record",
                                      "start_step", "step_interval", "targets", "update_sample")}}
         self.collector = Collector(self.plan, self.worker, meta).install()
+        if self.times is not None:
+            self.times.meta = self.collector.meta
+        self.unreduced: Any = None
+        if self.plan.wg:  # msprobe's grad_unreduced, in a job of several ranks (unreduced.py)
+            from obs.features.monitor.unreduced import Unreduced
+
+            self.unreduced = Unreduced(self.collector)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every collected step is written and judged (tests, exit)."""
-        return self.worker.flush(timeout)
+        done = self.worker.flush(timeout)
+        if done and self.times is not None:  # the worker is idle now: its step times written too
+            self.times.flush()
+        return done
 
     def close(self) -> None:
         self.collector.remove()
+        if self.unreduced is not None:
+            self.unreduced.remove()
         self.worker.flush()
         self.worker.close()
         for output in self.outputs:
@@ -121,6 +150,8 @@ class Monitor:
                 output.close()
         if self.actions is not None:
             self.actions.close()
+        if self.times is not None:
+            self.times.close()
 
 
 class MonitorFeature:

@@ -135,7 +135,7 @@ def test_csv_files_in_msprobes_layout(spike):
     """msprobe's run folder and file names, its leading columns, shape and dtype; one row per parameter per step."""
     folder = spike["folder"]
     assert re.fullmatch(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}-rank0-[0-9a-f]{8}", folder.rsplit("/", 1)[1])
-    names = sorted(p.name for p in spike["root"].glob("*/*.csv"))
+    names = sorted(p.name for p in spike["root"].glob("*/*-*.csv"))  # step_times.csv: clock.py
     assert names == sorted(f"{prefix}_{a}-{a + 99}.csv" for prefix in ("grad_reduced", "param_update",
                                                                          "update_ratio", "scalars")
                            for a in (0, 100, 200))
