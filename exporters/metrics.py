@@ -13,7 +13,10 @@ names and units (the Prometheus name after the arrow):
   tokens per step is given), ``obs.memory.peak`` / ``obs.memory.used`` → ``obs_memory_peak_bytes`` /
   ``obs_memory_used_bytes`` (attribute ``device``), ``obs.scalar`` → ``obs_scalar`` (the last value of each
   ``obs.scalar(name, value)``, attribute ``name``);
-- a counter: ``obs.nonfinite.findings`` → ``obs_nonfinite_findings_total`` (the NaN check's NaN/Inf findings).
+- a counter: ``obs.nonfinite.findings`` → ``obs_nonfinite_findings_total`` (the NaN check's NaN/Inf findings);
+- the training-health monitor's (:mod:`obs.features.monitor.metrics`): gauges ``obs.monitor.grad_norm`` →
+  ``obs_monitor_grad_norm`` and ``obs.monitor.update_ratio.max`` → ``obs_monitor_update_ratio_max`` (attribute
+  ``layer``), a counter ``obs.monitor.anomalies`` → ``obs_monitor_anomalies_total`` (attribute ``kind``).
 
 Every data point carries ``ml.rank`` (Prometheus: ``ml_rank``).  The resource: ``service.name``,
 ``host.name``, ``ml.rank``, ``ml.world_size``, ``ml.run_id`` and ``ml.job_id`` (``SLURM_JOB_ID``, else
@@ -167,6 +170,18 @@ class Metrics:
         meter.create_observable_counter("obs.nonfinite.findings", unit="{finding}",
                                         description="NaN/Inf findings of the NaN check",
                                         callbacks=[self._callback(lambda: [({}, self.nonfinite)])])
+        monitor = state.monitor
+        meter.create_observable_gauge("obs.monitor.grad_norm", unit="", description="The training-health "
+                                      "monitor's global gradient norm of the last step",
+                                      callbacks=[self._callback(lambda: _one(monitor()[0]))])
+        meter.create_observable_gauge("obs.monitor.update_ratio.max", unit="", description="The largest "
+                                      "update/weight ratio of the last step (attribute layer: its parameter)",
+                                      callbacks=[self._callback(lambda: [] if (m := monitor()[1]) is None else
+                                                                [({"layer": m[0]}, m[1])])])
+        meter.create_observable_counter("obs.monitor.anomalies", unit="{anomaly}", description="The training-health "
+                                        "monitor's anomalies (attribute kind: wg, ur, mv, xy, loss)",
+                                        callbacks=[self._callback(lambda: [({"kind": k}, n) for k, n in
+                                                                           sorted(monitor()[2].items())])])
 
     def _callback(self, read: Any) -> Any:
         from opentelemetry.metrics import Observation

@@ -10,6 +10,8 @@ each gauge (throughput over the last steps, memory, each scalar).
 - Throughput is over the last ``window`` finished steps: their count over the time from the first one's
   begin to the last one's end (the time between steps included).
 - Memory: the bytes in use at the last step end, and the highest peak read so far, per device.
+- The training-health monitor's scalars (names starting ``obs.monitor.``) are not ``obs.scalar`` gauges: the last
+  global gradient norm, the last largest update ratio and its parameter, the anomaly counts per kind.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import numpy as np
 from exporters.spans import StepRecord
 from recorder.layout import Kind
 
-__all__ = ["MetricState", "StepValues"]
+__all__ = ["MONITOR", "MetricState", "StepValues"]
+
+MONITOR = "obs.monitor."  #: the training-health monitor's scalar names start so; served as metrics of their own
 
 _KINDS = np.array([Kind.STEP_BEGIN, Kind.SCALAR, Kind.MEMORY, Kind.COLLECTIVE], dtype=np.uint16)
 
@@ -58,6 +62,9 @@ class MetricState:
         self._window: deque[tuple[int, int]] = deque(maxlen=max(1, window))  # (begin ns, end ns) of steps
         self.scalar_count = 0  #: SCALAR slots read
         self._last: tuple[int, int] | None = None  # (step, wall ns of its end) of the last finished step
+        self._grad_norm: float | None = None  # the training-health monitor's values (its reserved scalar names)
+        self._ratio_max: tuple[str, float] | None = None
+        self._anomalies: dict[str, float] = {}
 
     # -- in ------------------------------------------------------------------------------------
     def feed(self, slots: np.ndarray) -> None:
@@ -75,7 +82,11 @@ class MetricState:
                 if kind == Kind.STEP_BEGIN:
                     self._step = b
                 elif kind == Kind.SCALAR:
-                    self._scalars[self._name(a)] = value
+                    name = self._name(a)
+                    if name.startswith(MONITOR):
+                        self._monitor_value(name, value)
+                    else:
+                        self._scalars[name] = value
                     self.scalar_count += 1
                 elif kind == Kind.MEMORY:
                     device = self._name(a)
@@ -104,6 +115,17 @@ class MetricState:
                 out.append(StepValues(record.step, duration, phases, spent / 1e9))
         return out
 
+    def _monitor_value(self, name: str, value: float) -> None:
+        """One of the monitor's scalars (obs.features.monitor.metrics): ``obs.monitor.grad_norm``,
+        ``obs.monitor.update_ratio.max|{parameter}``, ``obs.monitor.anomalies|{kind}`` (a count so far)."""
+        base, _, label = name.partition("|")
+        if base == "obs.monitor.grad_norm":
+            self._grad_norm = value
+        elif base == "obs.monitor.update_ratio.max" and label:
+            self._ratio_max = (label, value)
+        elif base == "obs.monitor.anomalies" and label:
+            self._anomalies[label] = max(value, self._anomalies.get(label, 0.0))
+
     # -- the gauges' latest values ------------------------------------------------------------------
     def steps_per_s(self) -> float | None:
         """Finished steps per second over the last window (None before the first step)."""
@@ -129,6 +151,12 @@ class MetricState:
     def scalars(self) -> dict[str, float]:
         with self._lock:
             return dict(self._scalars)
+
+    def monitor(self) -> tuple[float | None, tuple[str, float] | None, dict[str, float]]:
+        """The monitor's last global gradient norm, its last largest update ratio (parameter, value), and its anomaly
+        counts per kind."""
+        with self._lock:
+            return self._grad_norm, self._ratio_max, dict(self._anomalies)
 
     def memory(self) -> dict[str, tuple[int, int]]:
         """Per device: (bytes in use at the last reading, the highest peak so far)."""

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from obs._core.safe_files import safe_name
-from recorder import collective_table, device_faults
+from recorder import collective_table, device_faults, monitor_part
 from recorder.bundle import SCHEMA_VERSION
 from recorder.layout import Kind
 from recorder.ring_reader import RingContents
@@ -45,6 +45,9 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
     device_fault, device_files = device_faults.bundle_part(contents, error=error, exception=exc, fault=fault,
                                                            live=not recovered)
     files.update(device_files)
+    monitor = monitor_part.from_contents(contents.strings, contents.side, contents.dropped)
+    if monitor is not None:  # the training-health monitor's last steps and anomalies
+        files[monitor_part.FILE] = monitor_part.encode(monitor)
     for i, (name, graph_text) in enumerate(graphs or ()):
         files[f"graphs/{i:02d}_{safe_name(name)}.ir"] = graph_text
     meta = contents.header.meta
@@ -66,6 +69,9 @@ def bundle_parts(contents: RingContents, reason: str, *, error: BaseException | 
         "last_op": summary["last_op"], "fault": fault, "recovered": recovered,
         "exception": {k: exc[k] for k in ("type", "message", "where", "raised_in")} if exc else None,
         "device_fault": device_fault,
+        "monitor": None if monitor is None else {
+            "steps": [monitor.steps[0], monitor.steps[-1]] if monitor.steps else None,
+            "series": len(monitor.series), "anomalies": len(monitor.anomalies)},
     }
     return manifest, files
 

@@ -19,10 +19,12 @@ from obs._core.errors import DamagedFileError, NotOurFileError, UnsafePathError
 from obs._core.json_files import is_int, parse_json, read_json
 from recorder.bundle import SCHEMA_VERSION, TMP_PREFIX
 from recorder.device_fault_reader import DeviceFault, read_device_fault
+from recorder.monitor_part import FILE as MONITOR_FILE
+from recorder.monitor_part import MonitorPart, decode
 from recorder.ring_files import RingFile, find_rings, near
 
 __all__ = ["EVENT_KINDS", "Bundle", "BundleInfo", "Listing", "Selection", "find_bundle", "list_bundles", "load_bundle",
-           "parse_json"]
+           "parse_json", "read_monitor_part"]
 
 #: every kind of event a bundle's events.jsonl holds
 EVENT_KINDS = ("step_begin", "step_end", "phase", "module_enter", "module_exit", "op", "memory", "memory_peak",
@@ -88,6 +90,7 @@ class Bundle:
     fatal_stacks: str
     graphs: list[str]
     device_fault: DeviceFault | None = None  #: a CUDA fault's explanation (recorder.device_fault_reader)
+    monitor: MonitorPart | None = None  #: the training-health monitor's last steps and anomalies (monitor.json)
 
     def events(self, kinds: set[str] | None = None, last: int | None = None,
                step: int | None = None) -> list[dict[str, Any]]:
@@ -187,6 +190,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
     "recorded": ((dict, type(None)), None), "last_module": ((str, type(None)), None),
     "open_modules": ((list, type(None)), None), "last_op": ((dict, type(None)), None),
     "fault": ((dict, type(None)), None), "exception": ((dict, type(None)), None), "files": ((list,), []),
+    "monitor": ((dict, type(None)), None),
 }
 
 
@@ -313,4 +317,12 @@ def load_bundle(path: str) -> Bundle:
     graphs = sorted(os.path.join(graphs_dir, g) for g in os.listdir(graphs_dir)) \
         if os.path.isdir(graphs_dir) and not os.path.islink(graphs_dir) else []
     return Bundle(_info(path, manifest), manifest, _exception(path), _stacks(path), fatal_text, graphs,
-                  read_device_fault(path))
+                  read_device_fault(path), read_monitor_part(path))
+
+
+def read_monitor_part(path: str) -> MonitorPart | None:
+    """The monitor's part of the bundle at ``path`` (its folder, or its ``monitor.json``); None when it has none."""
+    file = path if os.path.basename(path) == MONITOR_FILE else os.path.join(path, MONITOR_FILE)
+    if not os.path.lexists(file):
+        return None
+    return decode(_read_json(file, "a bundle's monitor part", dict), file)

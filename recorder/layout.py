@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["BLOB", "BLOB_SIZE", "DEFAULT_CAPACITY", "HEADER", "HEADER_SIZE", "MAGIC", "MAX_RING_BYTES",
-           "OPTIONAL_RINGS", "PHASE_CODES", "PHASE_NAMES", "RINGS", "SCALAR_SLOT", "SLOT", "STEP_TIMED",
-           "STRINGS_USED_AT", "VERSION", "DeviceTarget", "Header", "Kind", "Region", "check_capacity", "plan"]
+           "MONITOR_SLOT", "OPTIONAL_RINGS", "PHASE_CODES", "PHASE_NAMES", "RINGS", "SCALAR_SLOT", "SIDE_RINGS",
+           "SLOT", "STEP_TIMED", "STRINGS_USED_AT", "VERSION", "DeviceTarget", "Header", "Kind", "Region",
+           "check_capacity", "plan"]
 
 MAGIC = b"OBSRING\x01"
 VERSION = 1
@@ -39,6 +40,8 @@ BLOB_SIZE = 2048
 SLOT = struct.Struct("<QQqHHiqqq")
 #: A SCALAR slot: SLOT's layout with ``d`` a float64 (the value), so a reader views ``d`` as ``<f8``
 SCALAR_SLOT = struct.Struct("<QQqHHiqqd")
+#: A MONITOR_ANOMALY slot: SLOT's layout with ``c`` and ``d`` float64 (the baseline and the value)
+MONITOR_SLOT = struct.Struct("<QQqHHiqdd")
 #: seq, t_ns, kind, length, idx (1-based count of blobs written)
 BLOB = struct.Struct("<QqHHI")
 #: magic, version, pid, rank, world_size, wall_ns, mono_ns, strings (off, cap, used), blobs (off, cap), n_rings
@@ -66,6 +69,9 @@ class Kind(enum.IntEnum):
     SCALAR = 9  # obs.scalar(name, value), in the profiler's ring: a name id, b step, d the value (SCALAR_SLOT)
     DEVICE_TIME = 10  # time on the device (CUDA events, CUPTI), in the profiler's ring: flags a DeviceTarget
     MEMORY_PEAK = 11  # the device's peak memory in a step, in the profiler's ring: c allocated, d reserved
+    MONITOR_VALUE = 12  # a monitor series' value at a step (the ``monitor`` ring): a series id, b step, d the value
+    MONITOR_ANOMALY = 13  # a value the monitor flagged (``monitor_anomaly``): a series+rule id, b step, c baseline,
+    #                       d value (c and d float64: MONITOR_SLOT), flags the score as float16 bits
     PRINT = 20
     FAULT = 21
     SETTINGS = 22
@@ -97,14 +103,20 @@ RINGS: dict[str, tuple[Kind, ...]] = {
     "memory": (Kind.MEMORY, Kind.MEMORY_PEAK),
     "collective": (Kind.COLLECTIVE,),
     "device": (Kind.DEVICE_TIME,),
+    "monitor": (Kind.MONITOR_VALUE,),
+    "monitor_anomaly": (Kind.MONITOR_ANOMALY,),
 }
 
 #: slots per ring, and blob slots ("blob": prints, faults, settings changes, graphs, markers)
 DEFAULT_CAPACITY = {"step": 4096, "module": 65536, "op": 65536, "memory": 4096, "collective": 8192, "blob": 1024}
 
-#: rings a file has only where its writer asks for them (the profiler's ``device`` ring): not in DEFAULT_CAPACITY,
-#: so the recorder's rings and its ``rdr.capacity`` keys stay as they were
-OPTIONAL_RINGS = frozenset({"device"})
+#: rings a file has only where its writer asks for them (the profiler's ``device`` ring; the training-health monitor's
+#: last steps and anomalies, laid out when the env config's ``monitor`` section is on): not in DEFAULT_CAPACITY, so
+#: the recorder's rings and its ``rdr.capacity`` keys stay as they were
+OPTIONAL_RINGS = frozenset({"device", "monitor", "monitor_anomaly"})
+
+#: rings whose slots are not events: read into ``RingContents.side``, never into ``events.jsonl``
+SIDE_RINGS = frozenset({"monitor", "monitor_anomaly"})
 
 #: The largest ring file obs creates.  The whole file is reserved on disk (posix_fallocate) and mapped
 #: with MAP_POPULATE, so every byte costs page cache (and resident memory) per rank for the whole run,

@@ -28,7 +28,7 @@ import numpy as np
 from obs._core import safe_files
 from obs._core.errors import NotOurFileError
 from recorder.collective_desc import COLLECTIVE_STATES
-from recorder.layout import BLOB, BLOB_SIZE, HEADER_SIZE, PHASE_NAMES, SLOT, Header, Kind
+from recorder.layout import BLOB, BLOB_SIZE, HEADER_SIZE, PHASE_NAMES, SIDE_RINGS, SLOT, Header, Kind
 
 __all__ = ["SLOT_DTYPE", "RingContents", "read_blobs", "read_header_file", "read_ring", "read_ring_file",
            "read_strings", "region_slots", "region_tail"]
@@ -50,6 +50,8 @@ class RingContents:
     slots: np.ndarray  # SLOT_DTYPE, written slots of every ring, sorted by seq
     blobs: list[tuple[int, int, str, dict[str, Any]]]  # (seq, t_ns, kind name, payload)
     dropped: dict[str, int] = field(default_factory=dict)
+    #: slots of the rings that are not events (``layout.SIDE_RINGS``: the monitor's), by ring, in idx order
+    side: dict[str, np.ndarray] = field(default_factory=dict)
     _lines: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def string(self, sid: int) -> str:
@@ -224,7 +226,7 @@ def read_ring(data: Any, *, path: str = "<ring>", rings: Collection[str] | None 
         view = view.cast("B")
     header = Header.decode(view, path=path)
     strings, _ = read_strings(view, header)
-    parts, dropped = [], {}
+    parts, dropped, side = [], {}, {}
     for region in header.rings:  # Header.decode checked that every region lies inside the file
         if rings is not None and region.name not in rings:
             continue
@@ -233,13 +235,16 @@ def read_ring(data: Any, *, path: str = "<ring>", rings: Collection[str] | None 
         slots = slots[slots["seq"] > 0]
         top = int(slots["idx"].max()) if len(slots) else 0
         dropped[region.name] = max(0, top - region.capacity) if keep is None else 0
+        if region.name in SIDE_RINGS:
+            side[region.name] = slots[np.argsort(slots["idx"], kind="stable")]
+            continue
         parts.append(slots)
     merged = np.concatenate(parts) if parts else np.empty(0, SLOT_DTYPE)
     merged = merged[np.argsort(merged["seq"], kind="stable")]
     found: list[tuple[int, int, str, dict[str, Any]]] = []
     if blobs:
         found, dropped["blob"] = _blobs(view, header)
-    return RingContents(header, strings, merged, found, dropped)
+    return RingContents(header, strings, merged, found, dropped, side)
 
 
 def _read_all(fd: int, path: str) -> bytes:

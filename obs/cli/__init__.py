@@ -211,8 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("monitor", help="the training-health monitor's runs: the series that moved most, the "
                        "anomalies in causal order", description="Views of a monitor run folder (msprobe's CSV "
-                       "layout; PATH may be the folder of runs, the newest is read). --json: one JSON document. "
-                       "explain exits 1 when it finds an anomaly; 1 on a damaged file, 2 on bad input.")
+                       "layout; PATH may be the folder of runs: the job that ran last is read, its ranks merged). "
+                       "--json: one JSON document. explain exits 1 when it finds an anomaly; 1 on a damaged file, "
+                       "2 on bad input.")
     msub = p.add_subparsers(dest="monitor_command", metavar="ACTION")
     msub.required = True
     m = msub.add_parser("show", help="a per-step table of the series that moved most")
@@ -231,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--limit", type=int, default=30, help="anomalies listed (default 30; --json lists all)")
     m.add_argument("--json", action="store_true", help="machine-readable output (one JSON document: first, "
                    "anomalies, loss_step, lead_steps)")
+    m = msub.add_parser("plot", help="one self-contained HTML page: a layer x step heatmap per series kind, the loss "
+                        "and gradient-norm curves, the anomalies marked, the first one at the top")
+    m.add_argument("path", help="a run folder ({time}-rank{r}-{id}) or the folder of runs (monitor.path)")
+    m.add_argument("--html", required=True, metavar="OUT", help="the page to write")
+    m.add_argument("--columns", type=int, default=400, metavar="C", help="step columns at most (default 400; a "
+                   "longer run is binned, each column the largest value of its steps)")
 
     p = sub.add_parser("native", help="obs's native extensions: which are in use, and why not; build them ahead "
                        "of time", description="Every native part has a Python path that does the same work. "
@@ -411,6 +418,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         if args.monitor_command == "show":
             return monitor_view.run_show(args.path, top=args.top, step=args.step, rows=args.rows, as_json=args.json)
+        if args.monitor_command == "plot":
+            return monitor_view.run_plot(args.path, html=args.html, columns=args.columns)
         return monitor_view.run_explain(args.path, step=args.step, span=args.span, limit=args.limit,
                                         as_json=args.json)
     if args.command == "native":

@@ -278,7 +278,8 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
         print_json({"bundle": b.info.path, "manifest": b.manifest, "exception": b.exception, "last_events": events,
                     "memory": b.events({"memory", "memory_peak"}, last=10), "stacks": b.stacks,
                     "fatal_stacks": b.fatal_stacks, "graphs": b.graphs,
-                    "device_fault": asdict(b.device_fault) if b.device_fault else None})
+                    "device_fault": asdict(b.device_fault) if b.device_fault else None,
+                    "monitor": _monitor(b).as_dict() if b.monitor is not None else None})
         return EXIT_OK
     out = console()
     out.print(Text.assemble(("bundle: ", "bold"), clean(b.info.path)), soft_wrap=True)
@@ -288,6 +289,11 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
         _section(out, "exception", b.exception.get("traceback", ""))
     if b.device_fault:
         _device_fault(out, b)
+    if b.monitor is not None:  # the training-health monitor's explanation, as `obs monitor explain BUNDLE` gives it
+        from obs.cli._monitor_view import print_explanation
+
+        out.print(Text("── training health (obs monitor explain) ──", style="bold"))
+        print_explanation(out, _monitor(b), limit=10)
     out.print(_timeline(events, f"last {len(events)} events (t relative to the last one)"))
     memory = b.events({"memory"}, last=3)
     peaks = {e.get("step"): e for e in b.events({"memory_peak"}, last=3)}
@@ -302,6 +308,15 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
     for graph in b.graphs:
         out.print(Text(f"graph: {clean(graph)}"), soft_wrap=True)
     return EXIT_OK
+
+
+def _monitor(b: Bundle) -> Any:
+    """The explanation of the bundle's monitor part (its recorded anomalies in causal order)."""
+    from obs.features.monitor.bundle_run import run_of_part
+    from obs.features.monitor.explain import explain
+
+    assert b.monitor is not None
+    return explain(run_of_part(b.monitor, b.info.path, b.info.rank))
 
 
 def _peak(event: dict[str, Any] | None) -> str:

@@ -18,8 +18,8 @@ from obs._core.errors import ObsConfigError, ObsConfigTypeError
 from obs.settings._table import Option, OptionTable
 from obs.settings._validators import Bool, Choice, Int, Str, Validator, did_you_mean, fail, json_words, show, type_fail
 
-__all__ = ["MONITOR_OPTIONS", "MSPROBE_ACCEPTED", "MSPROBE_KEYS", "OPS", "RULES", "check_monitor_section",
-           "load_msprobe_config", "merged"]
+__all__ = ["ACTIONS", "MONITOR_OPTIONS", "MSPROBE_ACCEPTED", "MSPROBE_KEYS", "OPS", "RULES", "check_monitor_section",
+           "load_msprobe_config", "merged", "ring_capacity"]
 
 #: the statistics msprobe's ``ops`` names (MonitorConst.OP_LIST); ``shape`` and ``dtype`` are columns it always adds
 OPS = ("norm", "min", "max", "zeros", "nans", "id", "mean", "shape", "dtype")
@@ -160,6 +160,26 @@ class Alert(Validator):
         return "object: rules, dump"
 
 
+#: what an anomaly may do (``monitor.on_anomaly``)
+ACTIONS = ("capture", "bundle", "raise")
+
+
+@dataclass(frozen=True)
+class Actions(Validator):
+    """``on_anomaly``: a list of actions from :data:`ACTIONS`, each once."""
+
+    def __call__(self, value: Any, name: str) -> list[str]:
+        actions = ListOf(Str(), "actions")(value, name)
+        for i, action in enumerate(actions):
+            if action not in ACTIONS:
+                raise ObsConfigError(f"'{name}[{i}]' must be one of {show(list(ACTIONS))} (got {show(action)})"
+                                     f"{did_you_mean(action, ACTIONS)}", option=name, value=value)
+        return list(dict.fromkeys(actions))
+
+    def describe(self) -> str:
+        return "list of " + " | ".join(ACTIONS)
+
+
 _ABS = Str(non_empty=True, pattern=r"/.*", expectation="an absolute path (starting with '/')")
 
 #: Keys of msprobe's monitor config file that are rows of the section too.
@@ -196,7 +216,8 @@ MONITOR_OPTIONS = OptionTable("monitor", [
     Option("alert", Alert(), {}, "msprobe's alert rules, added to the default robust rule: AnomalyTurbulence "
            "(threshold: above the running mean by that share) and AnomalyNan."),
     Option("format", Choice(("csv", "tensorboard", "api")), "csv", "csv: msprobe's CSV files; api: none written "
-           "(anomalies still reported); tensorboard: not written yet, CSV instead (a warning says so)."),
+           "(anomalies still reported); tensorboard: a TensorBoard event file too, in msprobe's tags, beside the CSV "
+           "files (the tensorboard extra: pip install 'obs-runtime[tensorboard]')."),
     Option("start_step", Int(min=0), 0, "First optimizer step collected (counting from 0, as msprobe)."),
     Option("step_interval", Int(min=1), 1, "Collect every N-th step from start_step."),
     Option("collect_times", Int(min=0), 100_000_000, "Stop after collecting this many steps."),
@@ -214,6 +235,15 @@ MONITOR_OPTIONS = OptionTable("monitor", [
            "history the robust rule needs)."),
     Option("threshold", Number(min=0), 10.0, "The robust rule flags a value further than this many robust standard "
            "deviations (1.4826 x the MAD) from the median of its history, in either direction."),
+    Option("ring_steps", Int(min=1, max=1024), 64, "With the Running Data Recorder on: the last N steps of every "
+           "series kept in its ring, so every bundle (crash, hang, snapshot, obs rdr recover) holds them."),
+    Option("ring_series", Int(min=16, max=8192), 1024, "The series the ring's monitor region has room for at "
+           "ring_steps steps (56 bytes per value: 64 x 1024 is 3.5 MiB); more series keep fewer steps."),
+    Option("on_anomaly", Actions(), [], "What an anomaly does besides its stderr line, ring marker and metric: "
+           "capture (the next capture_steps steps' statistic data dump and a profiler capture window), bundle (a "
+           "non-fatal RDR bundle, reason anomaly), raise (MonitorAnomalyError in the training loop at the step's "
+           "end)."),
+    Option("capture_steps", Int(min=1, max=10_000), 5, "Steps a capture action records."),
 ])
 
 #: msprobe's keys that obs accepts (type-checked) and does not act on.
@@ -283,6 +313,17 @@ def check_monitor_section(values: Mapping[str, Any]) -> str:
     except ObsConfigError as exc:
         return str(exc)
     return ""
+
+
+def ring_capacity(section: Mapping[str, Any]) -> dict[str, int]:
+    """The RDR ring's monitor rings (slots) for the ``monitor`` section in force; ``{}`` when it is off."""
+    if not section.get("enable"):
+        return {}
+    from recorder.monitor_part import ANOMALY_SLOTS
+
+    steps = section.get("ring_steps", MONITOR_OPTIONS["ring_steps"].default)
+    series = section.get("ring_series", MONITOR_OPTIONS["ring_series"].default)
+    return {"monitor": int(steps) * int(series), "monitor_anomaly": ANOMALY_SLOTS}
 
 
 def merged(section: Mapping[str, Any], origins: Mapping[str, str]) -> dict[str, Any]:

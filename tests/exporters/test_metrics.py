@@ -336,6 +336,20 @@ def test_otlp_sends_the_metrics_with_the_resource_to_the_profilers_endpoint_at_t
                                                                                            "ml.rank": 3}
 
 
+def monitor_step(writer):
+    """One step of the training-health monitor's sink, written through obs.scalar's path into ``writer``'s ring."""
+    from obs.features.monitor.metrics import MetricsSink
+    from obs.features.monitor.writer import StepValues
+    from obs.features.profiling import scalars
+
+    scalars.attach(ScalarWriter(writer))
+    try:
+        MetricsSink()(StepValues(0, [("update_ratio", "fc.weight", None, "ratio", 0.01),
+                                     ("scalars", "grad_norm", None, "value", 1.5)], []))
+    finally:
+        scalars.detach(scalars._writer)
+
+
 def test_the_grafana_dashboard_plots_only_series_the_endpoint_serves_and_each_per_rank(ring):
     import json
 
@@ -347,6 +361,7 @@ def test_the_grafana_dashboard_plots_only_series_the_endpoint_serves_and_each_pe
     assert all("ml_rank" in t["legendFormat"] for p in dashboard["panels"] for t in p["targets"])
     writer, follower = ring
     write_steps(writer, 2, scalar=float)
+    monitor_step(writer)
     cfg = config(tokens_per_step=128)
     m = Metrics(cfg, resource({}, rank=0, world_size=1, pid=1), rank=0, name=follower.string, environ={})
     try:
@@ -360,3 +375,44 @@ def test_the_grafana_dashboard_plots_only_series_the_endpoint_serves_and_each_pe
     assert plotted and plotted <= served, plotted - served
     families = {re.sub(r"_(bucket|sum|count)$", "", name) for name in served}
     assert families <= {re.sub(r"_(bucket|sum|count)$", "", name) for name in plotted}, "a metric no panel plots"
+
+
+def test_the_training_health_monitors_values_are_metrics_of_their_own(ring):
+    """The monitor's sink (on its worker thread) writes through obs.scalar's path into the ring; the exporter serves
+    the last global gradient norm, the last largest update ratio labelled with its layer, and the anomaly counts per
+    kind (every kind from 0), none of them as an obs_scalar."""
+    from obs.features.monitor.metrics import MetricsSink
+    from obs.features.monitor.writer import Anomaly, StepValues
+    from obs.features.profiling import scalars
+
+    writer, follower = ring
+    write_steps(writer, 2, scalar=lambda n: 1.0 / n)
+    sink = MetricsSink()
+    scalars.attach(ScalarWriter(writer))
+    try:
+        ratio = [("update_ratio", "fc1.weight", None, "ratio", 0.01),
+                 ("update_ratio", "fc2.weight", None, "ratio", 0.02),
+                 ("update_ratio", "fc2.bias", None, "ratio", float("nan")),
+                 ("scalars", "grad_norm", None, "value", 1.5)]
+        sink(StepValues(0, ratio, []))
+        spike = Anomaly(1, "update_ratio", "fc1.weight", None, "ratio", 0.7, 0.01, "robust", 60.0)
+        grad = Anomaly(1, "grad_reduced", "fc1.weight", None, "norm", 9.0, 1.0, "robust", 30.0)
+        loss = Anomaly(1, "scalars", "loss", None, "value", 9.0, 1.0, "robust", 20.0)
+        sink(StepValues(1, [(*row[:4], 0.7 if row[1] == "fc1.weight" else row[4]) for row in ratio],
+                        [spike, grad, Anomaly(1, "param_update", "fc1.weight", None, "norm", 5.0, 0.1, "robust", 40.0),
+                         loss]))
+    finally:
+        scalars.detach(scalars._writer)
+    cfg = config()
+    m = Metrics(cfg, resource(follower.header.meta, rank=3, world_size=4, pid=os.getpid()), rank=3,
+                name=follower.string, environ={})
+    text = feed_and_scrape(m, follower, cfg)
+
+    def ours(name):  # the samples' labels, less the OpenTelemetry scope's
+        return {re.sub(r',?otel_scope_\w+="[^"]*"', "", k): v for k, v in series(text, name).items()}
+
+    assert ours("obs_monitor_grad_norm") == {'ml_rank="3"': 1.5}
+    assert ours("obs_monitor_update_ratio_max") == {'layer="fc1.weight",ml_rank="3"': 0.7}
+    counts = {re.search(r'kind="(\w+)"', k).group(1): v for k, v in ours("obs_monitor_anomalies_total").items()}
+    assert counts == {"ur": 2.0, "wg": 1.0, "loss": 1.0, "mv": 0.0, "xy": 0.0}
+    assert list(ours("obs_scalar")) == ['ml_rank="3",name="loss"']  # the monitor's values are not obs_scalar's

@@ -3,7 +3,8 @@
 
 - Prometheus is told no target: it finds both ranks through the file service-discovery folder the exporters write
   under the profiler's output (``prometheus_sd``), and its queries return both ranks' step time and loss;
-- every query of the Grafana dashboard in docs/ answers for both ranks, and obs's alerting rules load and evaluate;
+- every query of the Grafana dashboard in docs/ answers for both ranks (the training-health monitor is on, for its
+  panels), and obs's alerting rules load and evaluate;
 - once the ranks stop training (and idle, still served), ``obs top --prometheus`` names rank 1 as the straggler,
   slow in its data loading, as the ring-based ``obs top`` does, and both JSON documents agree on rank, step and
   slow phase;
@@ -130,7 +131,8 @@ def seen(tmp_path_factory):
     pids.mkdir()
     config.write_text(json.dumps({"profiler": {"enable": True, "output": str(profile), "batch_size": 16,
                                                "tokens_per_step": 128},
-                                  "rdr": {"enable": True, "path": str(rdr)}}))
+                                  "rdr": {"enable": True, "path": str(rdr)},
+                                  "monitor": {"enable": True, "path": str(tmp_path / "monitor")}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC", "SLURM_", "MS_RDR"))}
     env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", OTEL_METRICS_EXPORTER="prometheus",
                OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1", OTEL_EXPORTER_PROMETHEUS_PORT=str(base))
@@ -236,7 +238,8 @@ def test_the_alerting_rules_load_and_evaluate_on_the_job(seen):
     unhealthy = {r["name"]: r.get("lastError") for r in seen.rules if r["health"] != "ok"}
     assert not unhealthy
     assert {r["name"] for r in seen.rules if r["type"] == "alerting"} == {
-        "ObsRankHung", "ObsStraggler", "ObsThroughputDown", "ObsExporterDown", "ObsNonFinite", "ObsMemoryClimbing"}
+        "ObsRankHung", "ObsStraggler", "ObsThroughputDown", "ObsExporterDown", "ObsNonFinite", "ObsMemoryClimbing",
+        "ObsMonitorAnomaly"}
     assert set(seen.busy) == {"0", "1"} and seen.busy["1"] > seen.busy["0"] + 0.1  # rank 1 busy 0.2 s more
 
 

@@ -40,8 +40,8 @@ def test_obs_metrics_rules_prints_the_file_in_docs():
         text = docs.read()
         assert out.getvalue() == text == packaged.read()
     assert alerts() == ["ObsRankHung", "ObsStraggler", "ObsThroughputDown", "ObsExporterDown", "ObsNonFinite",
-                        "ObsMemoryClimbing"]
-    assert "training-health monitor" in text  # its rule waits for the monitor, and says so
+                        "ObsMemoryClimbing", "ObsMonitorAnomaly"]
+    assert "training-health monitor" in text
 
 
 def test_every_alert_has_a_case_that_fires_and_one_that_does_not():

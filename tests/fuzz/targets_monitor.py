@@ -55,6 +55,39 @@ def _explain(path: str) -> None:
     movers(run)
 
 
+def _job(path: str) -> None:
+    """The root's job (obs.features.monitor.job): which runs, their step times, the merged explanation."""
+    from obs.features.monitor.job import explain_job, find_job, read_job
+
+    job = find_job(path)
+    explain_job(job, read_job(job)).as_dict()
+
+
+def _explain_job(path: str) -> None:
+    _explain(path)
+    _job(path)
+
+
+def _times_seeds(scratch: str) -> list[bytes]:
+    return [("step,time_ns\n" + "".join(f"{s},{1_800_000_000_000_000_000 + s * 7_000_000}\n" for s in range(10)))
+            .encode()]
+
+
+def _place_times(folder: str, data: bytes) -> str:
+    """Two ranks' runs on two hosts; rank 1's step_times.csv is the input."""
+    for rank in (0, 1):
+        run = os.path.join(folder, f"Nov29_10-00-00-rank{rank}-0a1b2c3{rank}")
+        os.makedirs(run, exist_ok=True)
+        _write(os.path.join(run, "grad_reduced_0-9.csv"), (_HEADER + "".join(
+            f"0,fc.weight,{s},{1 + s % 2 + 50 * (s == 5)},1,[],x\n" for s in range(6))).encode())  # one spike
+        _write(os.path.join(run, "monitor.json"), json.dumps({
+            "schema_version": 1, "format": "obs-monitor", "rank": rank, "world_size": 2, "host": f"h{rank}",
+            "started": 1.8e9, "settings": {"window": 10, "warmup": 2}}).encode())
+        times = "step,time_ns\n" + "".join(f"{s},{1_800_000_000_000_000_000 + s * 7_000_000}\n" for s in range(10))
+        _write(os.path.join(run, "step_times.csv"), data if rank else times.encode())
+    return folder
+
+
 def _msprobe_seeds(scratch: str) -> list[bytes]:
     from tests.obs.settings.test_monitor_options import MSPROBE_EXAMPLE
 
@@ -69,6 +102,7 @@ def _msprobe(path: str) -> None:
 
 TARGETS = [
     Target("monitor_csv", _csv_seeds, _explain, place=_place_csv),
-    Target("monitor_meta", _meta_seeds, _explain, place=_place_meta),
+    Target("monitor_meta", _meta_seeds, _explain_job, place=_place_meta),
+    Target("monitor_step_times", _times_seeds, _job, place=_place_times),
     Target("monitor_msprobe_config", _msprobe_seeds, _msprobe, allowed=(ObsConfigError,)),
 ]

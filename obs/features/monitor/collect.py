@@ -115,6 +115,8 @@ class Collector:
         self._discover_handle: Any = None
         self._backward: AutogradCall | None = None
         self._meta_sent: tuple[int, int] = (-1, -1)
+        #: more blocks of each step: callables (optimizer, step) -> (Block, tensor) or None (unreduced.py)
+        self.extras: list[Any] = []
 
     # -- install / remove ---------------------------------------------------------------------------
     def install(self) -> Collector:
@@ -315,6 +317,11 @@ class Collector:
         for block, tensor in extra:
             blocks.append(block)
             values.append(tensor)
+        for more in self.extras:
+            got = more(opt, step)
+            if got is not None:
+                blocks.append(got[0])
+                values.append(got[1])
         # sampled: the ratio is the samples' norms' ratio; the worker scales the update's norm to the whole
         blocks += [Block("_gnorm", rows, _NORM), Block("_unorm", rows, _NORM, scale), Block("_wnorm", rows, _NORM)]
         values.append(torch.stack([*grad_norms, *update_norms, *weight_norms]))  # one tensor, one read

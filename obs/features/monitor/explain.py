@@ -14,10 +14,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from obs.features.monitor.detect import Detector, Robust, rules_from
+from obs.features.monitor.layout import kind_stage
 from obs.features.monitor.reader import MonitorRun, Series
 from obs.settings.monitor_options import MONITOR_OPTIONS
 
-__all__ = ["Explanation", "Finding", "Movers", "explain", "movers"]
+__all__ = ["Explanation", "Finding", "Mover", "Movers", "explain", "findings", "loss_after", "movers", "rules_of",
+           "scores"]
 
 _STAGE = {"forward": 0, "backward": 1, "optimizer": 2}
 _SERIES = {"actv": 0, "grad_unreduced": 1, "grad_reduced": 2, "exp_avg": 3, "exp_avg_sq": 4, "update_ratio": 5,
@@ -106,14 +108,21 @@ def _order(run: MonitorRun) -> Any:
     return key
 
 
-def explain(run: MonitorRun, *, step: int | None = None, span: int = 20) -> Explanation:
-    """The anomalies of ``run`` (of steps ``step - span`` to ``step + span`` with ``step``), in causal order."""
-    rules = rules_from(int(_setting(run, "window")), int(_setting(run, "warmup")), float(_setting(run, "threshold")),
-                       _setting(run, "alert") or {})
-    detector = Detector(rules)
+def rules_of(run: MonitorRun) -> list[Any]:
+    """The run's own rules (``monitor.json``'s settings, else the defaults)."""
+    return rules_from(int(_setting(run, "window")), int(_setting(run, "warmup")), float(_setting(run, "threshold")),
+                      _setting(run, "alert") or {})
+
+
+def findings(run: MonitorRun, *, step: int | None = None, span: int = 20) -> list[tuple[tuple[Any, ...], Finding]]:
+    """Every anomaly of ``run`` (of steps ``step - span`` to ``step + span`` with ``step``), unordered, each with its
+    causal key within the run: (step, stage, place in the stage, file, input/output, call, name, statistic)."""
+    detector = Detector(rules_of(run))
     key = _order(run)
     found: list[tuple[tuple[Any, ...], Finding]] = []
-    for series in run.series:
+    if run.recorded is not None:
+        found = _recorded(run, key, step, span)
+    for series in run.series if run.recorded is None else ():
         if series.stat == "id":
             continue
         for s, value in zip(series.steps, series.values):
@@ -123,16 +132,44 @@ def explain(run: MonitorRun, *, step: int | None = None, span: int = 20) -> Expl
             f = Finding(s, run.rank, series.name, series.kind, series.stat, series.stage, value, verdict.baseline,
                         series.prefix, series.micro, verdict.rule, verdict.score)
             found.append((key(f, series), f))
+    return found
+
+
+def loss_after(anomalies: list[Finding]) -> tuple[int | None, int | None]:
+    """The first loss anomaly at or after the first anomaly's step, and how many steps after it."""
+    first = anomalies[0] if anomalies else None
+    if first is None:
+        return None, None
+    loss_step = next((f.step for f in anomalies if f.kind == "loss" and f.step >= first.step), None)
+    return loss_step, (loss_step - first.step if loss_step is not None else None)
+
+
+def explain(run: MonitorRun, *, step: int | None = None, span: int = 20) -> Explanation:
+    """The anomalies of ``run`` (of steps ``step - span`` to ``step + span`` with ``step``), in causal order."""
+    found = findings(run, step=step, span=span)
     found.sort(key=lambda item: item[0])
     anomalies = [f for _, f in found]
     first = anomalies[0] if anomalies else None
-    loss_step = None
-    if first is not None:
-        loss_step = next((f.step for f in anomalies if f.kind == "loss" and f.step >= first.step), None)
-    lead = loss_step - first.step if first is not None and loss_step is not None else None
+    loss_step, lead = loss_after(anomalies)
     window = (step - span, step + span) if step is not None else None
-    return Explanation(run.folder, run.rank, window, first, anomalies, loss_step, lead, [r.name for r in rules],
-                       list(run.problems))
+    return Explanation(run.folder, run.rank, window, first, anomalies, loss_step, lead,
+                       [r.name for r in rules_of(run)], list(run.problems))
+
+
+def _recorded(run: MonitorRun, key: Any, step: int | None, span: int) -> list[tuple[tuple[Any, ...], Finding]]:
+    """The anomalies the worker flagged while the run went on (a bundle's), with their causal order's keys."""
+    by_key = {(s.prefix, s.name, s.micro, s.stat): s for s in run.series}
+    out = []
+    for a in run.recorded or ():
+        if step is not None and not step - span <= a.step <= step + span:
+            continue
+        kind, stage = kind_stage(a.prefix, a.name)
+        series = by_key.get((a.prefix, a.name, a.micro, a.stat)) or Series(a.prefix, a.name, a.micro, a.stat, kind,
+                                                                            stage, (), ())
+        f = Finding(a.step, run.rank, a.name, kind, a.stat, stage, a.value, a.baseline, a.prefix, a.micro, a.rule,
+                    a.score)
+        out.append((key(f, series), f))
+    return out
 
 
 @dataclass(frozen=True)
@@ -145,6 +182,7 @@ class Mover:
     series: str
     score: float
     peak_step: int
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -161,10 +199,9 @@ class Movers:
                 "values": [[None if v is None or not math.isfinite(v) else v for v in row] for row in self.values]}
 
 
-def movers(run: MonitorRun, *, top: int = 6, step: int | None = None, rows: int = 12) -> Movers:
-    """The ``top`` series whose values strayed furthest from their history (the robust rule's score: robust standard
-    deviations from the median of their last ``window`` values, warm-up left out), and their values over ``rows``
-    steps around ``step`` (default: the top series' peak)."""
+def scores(run: MonitorRun) -> list[tuple[float, Series, int]]:
+    """Each series' peak robust score (robust standard deviations from the median of its last ``window`` values,
+    warm-up left out) and the step of it."""
     scored: list[tuple[float, Series, int]] = []
     window, warmup = int(_setting(run, "window")), int(_setting(run, "warmup"))
     for series in run.series:
@@ -179,9 +216,17 @@ def movers(run: MonitorRun, *, top: int = 6, step: int | None = None, rows: int 
                 best, at = verdict.score, s
         if best >= 0:
             scored.append((best, series, at))
+    return scored
+
+
+def movers(run: MonitorRun, *, top: int = 6, step: int | None = None, rows: int = 12) -> Movers:
+    """The ``top`` series whose values strayed furthest from their history (the robust rule's score: robust standard
+    deviations from the median of their last ``window`` values, warm-up left out), and their values over ``rows``
+    steps around ``step`` (default: the top series' peak)."""
+    scored = scores(run)
     scored.sort(key=lambda item: (-item[0], item[1].name))
     chosen = scored[:top]
-    picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at) for score, s, at in chosen]
+    picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank) for score, s, at in chosen]
     all_steps = run.steps
     if not chosen or not all_steps:
         return Movers(run.folder, picked, [], [])

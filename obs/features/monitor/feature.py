@@ -43,12 +43,45 @@ def _ring_marker(anomaly: Any, kind: str) -> None:
                     stat=anomaly.stat, value=anomaly.value, baseline=anomaly.baseline, rule=anomaly.rule)
 
 
+def _outputs(settings: Mapping[str, Any], folder: str | None, rank: int, world_size: int) -> list[Any]:
+    """The worker's sinks besides CSV: the metrics (through the profiler's, when on) and, with ``format:
+    tensorboard``, the event file; a missing ``tensorboard`` extra is said once and the CSV files still written."""
+    from obs._core.errors import ObsConfigError
+    from obs._core.internal import report_internal_error
+    from obs.features.monitor.metrics import MetricsSink
+
+    sinks: list[Any] = [MetricsSink()]
+    if settings["format"] == "tensorboard" and folder is not None:
+        from obs.features.monitor.tensorboard import TensorBoardSink
+
+        try:
+            sinks.append(TensorBoardSink(folder, rank=rank, world_size=world_size))
+        except ObsConfigError as exc:
+            logger.error("obs: monitor: %s; the CSV files are written without it", exc)
+        except Exception as exc:  # noqa: BLE001 - an unwritable event file: reported, the CSV files still written
+            report_internal_error("monitor tensorboard", exc)
+    return sinks
+def _identity() -> dict[str, Any]:
+    """monitor.json's host and job id (clock.py), never an error that stops the monitor."""
+    from obs.features.monitor.clock import identity
+
+    try:
+        return identity()
+    except Exception as exc:  # noqa: BLE001 - reported; the run goes on without them
+        from obs._core.internal import report_internal_error
+
+        report_internal_error("monitor: identity", exc)
+        return {}
+
+
 class Monitor:
     """One run: its folder, its hooks and its worker thread."""
 
     def __init__(self, settings: Mapping[str, Any], rank: int, world_size: int) -> None:
+        from obs.features.monitor.actions import Actions
         from obs.features.monitor.collect import Collector, Plan, process_meta, run_stamp
         from obs.features.monitor.detect import Detector, rules_from
+        from obs.features.monitor.ring_region import RingRegion
         from obs.features.monitor.writer import Worker
 
         targets = tuple(settings["targets"]) or ("",)
@@ -66,21 +99,59 @@ class Monitor:
             self.folder = os.path.join(root, f"{run_stamp()}-rank{rank}-{secrets.token_hex(4)}")
             safe_files.ensure_dir(self.folder)
         rules = rules_from(settings["window"], settings["warmup"], settings["threshold"], settings["alert"])
+        # sinks: the RDR ring's region first, so that an anomaly's bundle holds the step it flags
+        sinks: list[Any] = [RingRegion(settings["ring_steps"])]
+        if settings["alert"].get("dump"):  # msprobe's anomaly_detected/rank{r}/anomaly.json
+            from obs.features.monitor.alert_dump import AlertDump
+
+            sinks.append(AlertDump(output_root(settings), rank, world_size))
+        self.actions: Actions | None = None
+        if settings["on_anomaly"]:
+            self.actions = Actions(settings["on_anomaly"], capture_steps=settings["capture_steps"],
+                                   ring_steps=settings["ring_steps"], folder=self.folder or output_root(settings))
+            sinks.append(self.actions)
         self.worker = Worker(self.folder, detector=Detector(rules), ndigits=settings["ndigits"],
-                             per_file=settings["step_count_per_record"], on_anomaly=_ring_marker)
-        meta = {**process_meta(rank, world_size), "settings": {
+                             per_file=settings["step_count_per_record"], on_anomaly=_ring_marker, sinks=sinks)
+        self.outputs = _outputs(settings, self.folder, rank, world_size)
+        self.worker.sinks.extend(self.outputs)
+        self.times: Any = None
+        if self.folder is not None:  # each step's wall time: the ranks of a job lined up (clock.py)
+            from obs.features.monitor.clock import StepTimes
+
+            self.times = StepTimes(self.folder)
+            self.worker.on_step = self.times
+        meta = {**process_meta(rank, world_size), **_identity(), "settings": {
             k: settings[k] for k in ("ops", "eps", "window", "warmup", "threshold", "alert", "step_count_per_record",
                                      "start_step", "step_interval", "targets", "update_sample")}}
         self.collector = Collector(self.plan, self.worker, meta).install()
+        if self.times is not None:
+            self.times.meta = self.collector.meta
+        self.unreduced: Any = None
+        if self.plan.wg:  # msprobe's grad_unreduced, in a job of several ranks (unreduced.py)
+            from obs.features.monitor.unreduced import Unreduced
+
+            self.unreduced = Unreduced(self.collector)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every collected step is written and judged (tests, exit)."""
-        return self.worker.flush(timeout)
+        done = self.worker.flush(timeout)
+        if done and self.times is not None:  # the worker is idle now: its step times written too
+            self.times.flush()
+        return done
 
     def close(self) -> None:
         self.collector.remove()
+        if self.unreduced is not None:
+            self.unreduced.remove()
         self.worker.flush()
         self.worker.close()
+        for output in self.outputs:
+            if hasattr(output, "close"):
+                output.close()
+        if self.actions is not None:
+            self.actions.close()
+        if self.times is not None:
+            self.times.close()
 
 
 class MonitorFeature:
@@ -129,9 +200,6 @@ class MonitorFeature:
         self._want = want
         if ranks and who.rank not in ranks:
             return
-        if want["format"] == "tensorboard":
-            logger.warning("obs: monitor: format 'tensorboard' is not written by this version of obs; the CSV files "
-                           "are written instead")
         if want["cc_distribution"].get("enable"):
             logger.warning("obs: monitor: cc_distribution (collectives) is accepted but not collected yet")
         self.monitor = Monitor(want, who.rank, who.world_size)

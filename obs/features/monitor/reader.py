@@ -17,8 +17,9 @@ from typing import Any
 
 from obs._core.errors import DamagedFileError, NotOurFileError
 from obs.features.monitor.layout import CSV_HEADER, CSV_PATTERN, META, RUN_FOLDER, is_micro, kind_stage
+from recorder.monitor_part import RingAnomaly
 
-__all__ = ["MonitorRun", "Series", "find_run", "read_run"]
+__all__ = ["MonitorRun", "Series", "find_run", "is_run", "list_runs", "newest_write", "read_run"]
 
 _LIMIT = 1 << 30  # bytes of one CSV file read at most
 
@@ -46,6 +47,9 @@ class MonitorRun:
     meta: dict[str, Any]
     series: list[Series]
     problems: list[str] = field(default_factory=list)
+    #: the anomalies the worker flagged while the run went on (an RDR bundle's part), ordered by ``explain`` instead of
+    #: judging the series again; None for a run folder (judged again by ``explain``)
+    recorded: tuple[RingAnomaly, ...] | None = None
 
     @property
     def steps(self) -> list[int]:
@@ -70,6 +74,24 @@ def find_run(path: str) -> tuple[str, list[str]]:
                               path=path)
     if _csv_files(path):
         return path, []
+    runs = list_runs(path)
+    runs.sort(key=_newest)
+    return runs[-1], runs[:-1]
+
+
+def is_run(path: str) -> bool:
+    """``path`` is a run folder itself (it holds monitor CSV files), not a root of runs."""
+    return os.path.isdir(path) and bool(_csv_files(path))
+
+
+def list_runs(path: str) -> list[str]:
+    """Every run folder under the root ``path`` (msprobe's ``{time}-rank{r}-{id}`` names holding CSV files, searched
+    two levels down), sorted by name; NotOurFileError when there is none."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    if not os.path.isdir(path):
+        raise NotOurFileError(f"{path} is not a monitor output folder (give a run folder or the folder of runs)",
+                              path=path)
     runs = []
     for top, dirs, _ in os.walk(path):
         if top.count(os.sep) - path.rstrip(os.sep).count(os.sep) >= 2:
@@ -81,8 +103,12 @@ def find_run(path: str) -> tuple[str, list[str]]:
     if not runs:
         raise NotOurFileError(f"no monitor run under {path} (no {{prefix}}_{{a}}-{{b}}.csv files, nor run folders "
                               "{time}-rank{r}-{id} holding them)", path=path)
-    runs.sort(key=_newest)
-    return runs[-1], runs[:-1]
+    return sorted(runs)
+
+
+def newest_write(folder: str) -> float:
+    """The newest modification time of the run's CSV files (0 with none)."""
+    return _newest(folder)
 
 
 def _newest(folder: str) -> float:

@@ -54,6 +54,8 @@ class Packet:
     step: int
     blocks: list[Block]
     values: Any
+    #: the wall clock (ns) when the packet was made: on the training thread, right after the optimizer step
+    t: int = field(default_factory=time.time_ns)
 
 
 @dataclass
@@ -103,6 +105,7 @@ class Worker:
         self.stream = stream
         self.on_anomaly = on_anomaly  #: called with each reported anomaly (the RDR ring's marker)
         self.sinks: list[Any] = list(sinks or ())  #: called with each judged step's :class:`StepValues`
+        self.on_step: Any = None  #: called with each packet's (step, wall time ns) after the sinks (clock.py)
         self._step_values: list[tuple[str, str, int | None, str, float]] = []
         self._items: collections.deque[Any] = collections.deque()  # appended by the training thread, no lock
         self._wake = threading.Event()
@@ -215,7 +218,7 @@ class Worker:
             tables[block.prefix] = (block, values[at:at + block.size])
             at += block.size
         step, found = packet.step, []
-        for prefix in ("actv", "grad_reduced", "exp_avg", "exp_avg_sq", "param_update"):
+        for prefix in ("actv", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq", "param_update"):
             if prefix in tables:
                 self._block(step, *tables[prefix], found)
         if "grad_reduced" not in tables and "_gnorm" in tables:
@@ -241,6 +244,8 @@ class Worker:
         self._flush_lines(step)
         self._report(step, found)
         self._to_sinks(step, found)
+        if self.on_step is not None:
+            self.on_step(step, packet.t)
 
     def _to_sinks(self, step: int, found: list[Anomaly]) -> None:
         values, self._step_values = self._step_values, []

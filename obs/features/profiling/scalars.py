@@ -25,7 +25,7 @@ from recorder.layout import SCALAR_SLOT, Kind
 if TYPE_CHECKING:
     from recorder.ring import RingWriter
 
-__all__ = ["ScalarWriter", "attach", "detach", "scalar", "set_tap"]
+__all__ = ["ScalarWriter", "attach", "detach", "recording", "scalar", "set_tap"]
 
 _write: Callable[[str, Any], None] | None = None  # the write of the ScalarWriter in force; None: metrics off
 _writer: ScalarWriter | None = None
@@ -145,6 +145,11 @@ class ScalarWriter:
     def pending(self) -> int:
         """Device copies whose slots are not written yet."""
         return self._poller.pending
+
+
+def recording() -> bool:
+    """Whether obs.scalar values are recorded now (a profile session with its metrics on)."""
+    return _write is not None
 
 
 def set_tap(tap: Callable[[str, Any], None] | None) -> None:

@@ -74,11 +74,15 @@ class RdrFeature:
         rdr = env_feature.env_config()["rdr"]
         if not rdr["enable"]:
             return None
+        from obs.settings.monitor_options import ring_capacity
         from recorder.layout import DEFAULT_CAPACITY
         from recorder.recorder import RdrConfig
 
+        # the training-health monitor's last steps and anomalies, while its section is on (a change restarts the ring)
+        monitor = ring_capacity(env_feature.env_config().get("monitor", {}))
         return RdrConfig(path=rdr["path"], mode=rdr["mode"], granularity=rdr["granularity"],
-                         capacity={**DEFAULT_CAPACITY, **rdr["capacity"]}, op_timeout=get_context("op_timeout"),
+                         capacity={**DEFAULT_CAPACITY, **rdr["capacity"], **monitor},
+                         op_timeout=get_context("op_timeout"),
                          hang_action=rdr["hang_action"])
 
     def sync(self) -> None:

@@ -108,7 +108,9 @@ def test_resolve_without_file_gives_defaults():
                                                        "collect_times": 100_000_000, "step_count_per_record": 100,
                                                        "print_struct": False, "module_ranks": [], "update_sample": 4096,
                                                        "window": 50,
-                                                       "warmup": 20, "threshold": 10.0}}
+                                                       "warmup": 20, "threshold": 10.0,
+                                                       "ring_steps": 64, "ring_series": 1024, "on_anomaly": [],
+                                                       "capture_steps": 5}}
 
 
 def test_every_problem_of_a_file_is_reported_at_once_in_json_words(tmp_path):

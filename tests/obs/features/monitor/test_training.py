@@ -20,6 +20,7 @@ from obs._core.internal import internal_error_counts, set_raise_internal_errors
 from obs.cli import main
 from obs.features.monitor.explain import explain, movers
 from obs.features.monitor.feature import feature
+from obs.features.monitor.plot import build_plot
 from obs.features.monitor.reader import find_run, read_run
 from obs.runtime.steps import tracker
 from tests.obs.features.monitor.gpt import GPT, batches
@@ -134,7 +135,7 @@ def test_csv_files_in_msprobes_layout(spike):
     """msprobe's run folder and file names, its leading columns, shape and dtype; one row per parameter per step."""
     folder = spike["folder"]
     assert re.fullmatch(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}-rank0-[0-9a-f]{8}", folder.rsplit("/", 1)[1])
-    names = sorted(p.name for p in spike["root"].glob("*/*.csv"))
+    names = sorted(p.name for p in spike["root"].glob("*/*-*.csv"))  # step_times.csv: clock.py
     assert names == sorted(f"{prefix}_{a}-{a + 99}.csv" for prefix in ("grad_reduced", "param_update",
                                                                          "update_ratio", "scalars")
                            for a in (0, 100, 200))
@@ -178,9 +179,15 @@ def test_a_bad_batch_is_first_seen_in_the_first_layers_activations(tmp_path):
         torch.set_num_threads(threads)
     header = (tmp_path / "out" / folder / "actv_0-999.csv").read_text().splitlines()[0]
     assert header == "vpp_stage,name,step,micro_step,norm,shape,dtype"
-    first = explain(read_run(folder)).first
+    run = read_run(folder)
+    found = explain(run)
+    first = found.first
     assert first is not None
     assert (first.step, first.kind, first.stage, first.name) == (150, "xy", "forward", "0.input")
+    actv = build_plot(run, found).heatmaps[0]  # the page's first heatmap: activations, in module order
+    assert actv.prefix == "actv" and actv.rows == ["0.input", "0.output", "2.input", "2.output"]
+    mark = next(m for m in actv.marks if m.anomaly == 0)
+    assert (actv.rows[mark.row], actv.columns[mark.column]) == ("0.input", (150, 150))
 
 
 def test_a_compiled_model_runs_and_compiles_as_before(tmp_path, recwarn):
@@ -206,3 +213,35 @@ def test_a_compiled_model_runs_and_compiles_as_before(tmp_path, recwarn):
     assert watched.losses == plain.losses and watched.frames == plain.frames and not watched.breaks
     assert names == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert not [w for w in recwarn if "global hooks" in str(w.message)]
+
+
+def test_the_html_page_shows_the_spike_on_the_update_ratio_heatmap(spike, tmp_path):
+    """`obs monitor plot --html`: block 1's MLP update ratio at step 200 is the first anomaly, stated at the top and
+    marked on the update-ratio heatmap; in a headless browser the page logs nothing, raises no script error and draws
+    every heatmap."""
+    from tests.obs.features.dump.diff.test_render import BROWSERS, browser, headless
+
+    page = tmp_path / "health.html"
+    assert main(["monitor", "plot", str(spike["root"]), "--html", str(page)]) == 0
+    text = page.read_text()
+    assert re.search(r'<div class="card" id="first" data-step="200" data-name="h\.1\.mlp\.', text)
+    run = read_run(spike["folder"])
+    plot = build_plot(run, explain(run))
+    assert [h.prefix for h in plot.heatmaps] == ["grad_reduced", "param_update", "update_ratio"]
+    ratio = plot.heatmaps[2]
+    first = next(m for m in ratio.marks if m.anomaly == 0)
+    assert ratio.rows[first.row].startswith("h.1.mlp.") and ratio.columns[first.column] == (SPIKE, SPIKE)
+    assert len(ratio.rows) == sum(1 for _ in GPT().parameters()) and len(ratio.columns) == STEPS
+    binary = browser()
+    if binary is None:
+        pytest.skip(f"no headless browser here (none of {', '.join(BROWSERS)} on PATH; .ci/run installs chromium)")
+    done = headless(binary, tmp_path, "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    assert re.search(r"<body[^>]*>", dom).group(0) == '<body data-rendered="1">'  # drawn, no data-errors
+    assert "CONSOLE" not in done.stderr, done.stderr[-2000:]  # console messages and uncaught errors are logged so
+    cells = [int(n) for n in re.findall(r'<canvas [^>]*data-cells="(\d+)"', dom)]
+    assert cells == [len(h.rows) * len(h.columns) for h in plot.heatmaps]
+    heatmap = re.search(r'<div class="heatmap" id="heatmap-2" data-prefix="update_ratio">(.*?)</div>', dom, re.S)
+    assert heatmap and re.search(r'<rect [^>]*class="mark first"[^>]*data-step="200" data-name="h\.1\.mlp\.',
+                                 heatmap.group(1))

@@ -1,0 +1,66 @@
+"""One rank of the 2-rank DDP job of test_ranks.py (gloo, CPU): a small MLP trained STEPS steps with Adam, each rank
+on its own data shard, rank 1's batch scaled x1000 at step BAD.  It trains once with the monitor (activations of the
+first layers on), then once without it, and writes each run's losses to ``{out}/losses_{rank}.json``.
+
+Rank 0 is started as torchrun starts its workers (``RANK`` and ``WORLD_SIZE`` in the environment), rank 1 as
+``torch.multiprocessing.spawn`` does (nothing: its monitor starts before ``init_process_group`` without knowing its
+rank, and learns it at the first step).
+
+Usage: python ddp_script.py OUT CONFIG RANK
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import obs
+
+STEPS, BAD = 150, 120
+
+
+def train(rank: int) -> list[float]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+    shard = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+    w = torch.randn(16, 1, generator=torch.Generator().manual_seed(7))
+    losses = []
+    for step in range(STEPS):
+        x = torch.randn(32, 16, generator=shard)
+        if rank == 1 and step == BAD:
+            x = x * 1e3  # the bad shard
+        loss = nn.functional.mse_loss(ddp(x), x @ w)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def main() -> None:
+    out, config = sys.argv[1], sys.argv[2]
+    rank, world = int(sys.argv[3]), 2
+    torch.set_num_threads(1)
+    obs.set_context(env_config_path=config)  # as a script under obs run: before init_process_group
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world)
+    watched = train(rank)
+    from obs.features.monitor.feature import feature
+
+    assert feature.monitor is not None and feature.monitor.flush()
+    obs.reset_context()  # the monitor ends, its files complete
+    plain = train(rank)
+    with open(os.path.join(out, f"losses_{rank}.json"), "w") as fh:
+        json.dump({"plain": plain, "watched": watched}, fh)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
