@@ -113,6 +113,9 @@ class Actions:
             raise error
 
     # -- the worker thread --------------------------------------------------------------------------------------
+    def wants_values(self) -> bool:
+        return False  # the step's anomalies only
+
     def __call__(self, step_values: Any) -> None:
         found = step_values.anomalies
         if not found:

@@ -37,6 +37,9 @@ class AlertDump:
         self.entries: dict[str, dict[str, Any]] = {}
         self._started = False
 
+    def wants_values(self) -> bool:
+        return False  # the step's anomalies only
+
     def __call__(self, step_values: Any) -> None:
         if not step_values.anomalies or len(self.entries) >= LIMIT:
             return

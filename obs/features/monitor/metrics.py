@@ -52,6 +52,10 @@ class MetricsSink:
         self.anomalies: Counter[str] = Counter()
         self._announced = False  # every kind's count written since the metrics came on
 
+    def wants_values(self) -> bool:
+        """The step's values only while the profiler's metrics record (its anomalies are counted always)."""
+        return bool(self._on())
+
     def __call__(self, values: Any) -> None:
         kinds = [kind_of(a) for a in values.anomalies] if values.anomalies else []
         self.anomalies.update(kinds)

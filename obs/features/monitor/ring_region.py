@@ -74,6 +74,10 @@ class RingRegion:
                         bytes(region.capacity * SLOT_DTYPE.itemsize)
         return ring
 
+    def wants_values(self) -> bool:
+        """The step's values only while a recorder runs with the ``monitor`` ring laid out."""
+        return self._live_ring() is not None and self._values is not None
+
     def __call__(self, step_values: Any) -> None:
         ring = self._live_ring()
         if ring is None:

@@ -5,7 +5,9 @@ one tensor) and goes on; the worker reads the tensor, writes rows and runs the r
 An anomaly writes one line on stderr (at most :data:`LINES_PER_STEP` per step, then a count of the rest).
 
 Other outputs (the RDR ring's region, TensorBoard, metrics) are *sinks*: callables given to the worker, each called on
-the worker thread with every judged step as a :class:`StepValues`.
+the worker thread with every judged step as a :class:`StepValues`.  A sink with a ``wants_values()`` method that
+returns False then (the recorder off, the metrics off) gets the step's anomalies only: while no sink wants them, the
+step's values are not gathered.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ __all__ = ["LINES_PER_STEP", "Anomaly", "Block", "Packet", "StepValues", "Worker
 
 LINES_PER_STEP = 5
 DRAIN_S = 0.05  #: how often the worker takes what the training thread handed over
+
+
+def _always() -> bool:
+    return True
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,7 @@ class Worker:
         self.sinks: list[Any] = list(sinks or ())  #: called with each judged step's :class:`StepValues`
         self.on_step: Any = None  #: called with each packet's (step, wall time ns) after the sinks (clock.py)
         self._step_values: list[tuple[str, str, int | None, str, float]] = []
+        self._keep = False  # whether a sink wants this step's values
         self._items: collections.deque[Any] = collections.deque()  # appended by the training thread, no lock
         self._wake = threading.Event()
         self._stop = False
@@ -198,7 +205,12 @@ class Worker:
             safe_files.write_atomic(os.path.join(self.folder, "module_struct.json"), json.dumps(struct, indent=2),
                                     fsync=False)
 
+    def _keeping(self) -> bool:
+        self._keep = keep = any(getattr(sink, "wants_values", _always)() for sink in self.sinks)
+        return keep
+
     def _loss(self, step: int, value: float) -> None:
+        self._keeping()
         """A loss given through ``obs.scalar("loss", ...)``: from then on it replaces backward()'s value."""
         self._loss_from_scalar = True
         found: list[Anomaly] = []
@@ -208,6 +220,7 @@ class Worker:
         self._to_sinks(step, found)
 
     def _packet(self, packet: Packet) -> None:
+        self._keeping()
         values: list[float] = []
         for part in packet.values:  # tensors (one host read each, here, off the training thread) or numbers
             got = part.tolist() if hasattr(part, "tolist") else part
@@ -257,7 +270,7 @@ class Worker:
 
     def _block(self, step: int, block: Block, values: list[float], found: list[Anomaly]) -> None:
         width, prefix, stats, judge = len(block.stats), block.prefix, block.stats, self.detector.judge
-        keep = self._step_values.append if self.sinks else None
+        keep = self._step_values.append if self._keep else None
         for i, (name, micro, _, _) in enumerate(block.rows):
             row = values[i * width:(i + 1) * width]
             for stat, value in zip(stats, row):
@@ -286,7 +299,7 @@ class Worker:
     def _row(self, prefix: str, step: int, name: str, micro: int | None, values: list[float], stats: tuple[str, ...],
              shape: str, dtype: str, found: list[Anomaly]) -> None:
         for stat, value in zip(stats, values):
-            if self.sinks:
+            if self._keep:
                 self._step_values.append((prefix, name, micro, stat, value))
             if stat == "id":
                 continue

@@ -42,3 +42,26 @@ def test_sinks_get_every_judged_step_and_a_failing_sink_stops_nothing(tmp_path):
     assert [(a.prefix, a.name) for a in got[6].anomalies][:1] == [("grad_reduced", "fc.weight")]
     assert not got[5].anomalies
     assert (tmp_path / "grad_reduced_0-99.csv").read_text().count("\n") == 1 + 2 * 8  # the CSV files went on
+
+
+def test_values_are_gathered_only_while_a_sink_wants_them(tmp_path):
+    """A sink whose wants_values() says no (the recorder off, the metrics off) gets the anomalies, no values."""
+    got: list[StepValues] = []
+
+    class AnomaliesOnly:
+        def wants_values(self) -> bool:
+            return False
+
+        def __call__(self, values: StepValues) -> None:
+            got.append(values)
+
+    worker = Worker(str(tmp_path), detector=Detector(rules_from(10, 3, 5.0, {})), ndigits=6, per_file=100,
+                    stream=io.StringIO(), sinks=[AnomaliesOnly()])
+    try:
+        for step in range(8):
+            worker.submit(_packet(step, 1e4 if step == 6 else 1.0))
+        assert worker.flush(10)
+    finally:
+        worker.close()
+    assert [s.step for s in got] == list(range(8)) and not any(s.values for s in got)
+    assert [(a.prefix, a.name) for a in got[6].anomalies][:1] == [("grad_reduced", "fc.weight")]
