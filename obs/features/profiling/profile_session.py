@@ -196,6 +196,10 @@ class ProfileSession:
     def at_boundary(self) -> None:
         """Between steps, on the training thread: captures asked for since the last boundary begin with the next
         step, and the next step's detail is subscribed (or dropped)."""
+        windows = self.windows
+        if not (windows.pending or windows.captures or windows.config is not None or self.detail is not None
+                or self.device.watch):
+            return  # twice a step: nothing asked, configured, in force or watched, so nothing to change
         from obs.runtime.steps import tracker
 
         following = tracker.step + 1
