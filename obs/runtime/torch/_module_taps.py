@@ -262,6 +262,7 @@ class ModuleTaps:
         from torch._inductor import config
 
         self.removed = True
+        self.on_rows = _drop  # compiled graphs keep their taps (and this object): they hold on to nothing more
         passes = [p for p in _passes(config.post_grad_custom_post_pass) if p is not self]
         config.post_grad_custom_post_pass = passes[0] if len(passes) == 1 else (passes or None)
         with _lock:
@@ -336,6 +337,10 @@ class ModuleTaps:
         with graph.inserting_before(output):
             graph.call_function(torch.ops.obs.xy_rows.default, (rows, spec))
         gm.recompile()
+
+
+def _drop(rows: list[dict[str, Any]], values: torch.Tensor) -> None:
+    return None
 
 
 def _passes(value: Any) -> list[Any]:
