@@ -3,8 +3,10 @@ write, while torch.compile compiles the same frames, breaks no graph and the los
 
 aot_eager runs in this process (a few steps of a tiny model, with and without the monitor, and eagerly with it);
 Inductor in one subprocess of its own (Inductor keeps worker threads for the rest of a process; its cache folder is
-the suite's), which compiles the model twice (without obs, and with the taps): about 10-15 s of CPU, the most of
-this file.
+the suite's), which compiles the model twice (without obs, and with the taps).  More than 20 s of CPU (about 22 s
+beside the suite's other Inductor tests, which build the C++ headers: 11 s for the subprocess with a warm kernel
+cache, the rest aot_eager and Dynamo): Inductor's check needs both compiles, and it is the one place where a tap
+could change a kernel.
 """
 
 from __future__ import annotations
