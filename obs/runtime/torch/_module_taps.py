@@ -2,13 +2,16 @@
 
 A module hook inside a compiled model is traced into its graph (or breaks it); these taps are added after AOT
 autograd instead, to the forward graph of training (placeholders ``primals_*``; backward and inference graphs are
-left as they are), so Dynamo compiles the same frames with the same graphs.  A node belongs to the modules of its
-``nn_module_stack`` (as Dynamo recorded it; a call of a module is one entry of it).  Of a chosen module's call:
+left as they are), so Dynamo compiles the same frames into the same graphs.  A node belongs to the modules of its
+``nn_module_stack`` (as Dynamo recorded it; each call of a module is an entry of its own, ``id@1`` for the second).
+Only what the forward computes its returns from counts (not what AOT adds for backward: its detaches, the values
+only backward reads).  Of a chosen module's call:
 
-* its outputs are its nodes read outside that call (by a node of no such entry, or as one of the graph's forward
-  returns; the saved tensors backward reads are none);
-* its inputs are the values made outside it that its nodes read: nodes of other modules and the graph's inputs,
-  parameters and buffers left out (AOT's static inputs).
+* its outputs are its nodes read outside that call, or returned by the graph to the caller;
+* its inputs are the values made outside it that its nodes read: other modules' values and the graph's inputs;
+  parameters and buffers (AOT's static inputs), and what is made of them alone (a weight's transpose), are none.
+
+A value that is two modules' (one's output, the next one's input) is tapped once.
 
 Each tapped value gets a row: ``stats(tensor)`` (the caller's statistics, one float32 vector of ``width``) computed
 by ``obs::xy_stats``, an op of its own outside the graph's kernels; the graph's end hands every row of the call to
