@@ -182,6 +182,14 @@ class Collector:
         modules = [(_clean(name), m) for name, m in root.named_modules()]
         self._modules = [name for name, _ in modules]
         if self.plan.xy or self._struct is not None:
+            from obs.features.monitor import compiled  # a compiled model: its graphs tap activations, no hook
+
+            plan = self.plan
+            taps = compiled.take_over(self, root, lambda n: plan.all_xy or _matches(n, plan.targets, modules=True),
+                                      lambda t: _stats(t, plan.value_ops, plan.eps))
+            if taps is not None:
+                self._module_hooks.append(taps)
+                return
             for name, module in modules:
                 if id(module) in self._hooked:  # a model learnt twice (a second optimizer's): hooked once
                     continue

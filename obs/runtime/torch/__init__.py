@@ -28,13 +28,16 @@ from obs.runtime.torch._ops import set_inputs_before_writes  # noqa: E402
 
 if TYPE_CHECKING:
     from obs.runtime.torch._graph_taps import DeviceRows
+    from obs.runtime.torch._module_taps import ModuleTaps
     from obs.runtime.torch._print_op import print_in_graph
 
 __all__ = ["OWN_COMPILES", "AutogradCall", "DeviceRows", "ExportHook", "add_flight_recorder_to_bundle", "adapter",
            "apply_controls", "check_device", "compile", "current_scope", "device", "failure_hooks", "forget_scopes",
            "hidden_from_dynamo", "print_in_graph", "restore_controls", "set_inputs_before_writes", "skip_frames"]
+__all__ += ["ModuleTaps"]
 
-_LAZY = {"DeviceRows": "obs.runtime.torch._graph_taps", "print_in_graph": "obs.runtime.torch._print_op"}
+_LAZY = {"DeviceRows": "obs.runtime.torch._graph_taps", "print_in_graph": "obs.runtime.torch._print_op",
+         "ModuleTaps": "obs.runtime.torch._module_taps"}
 
 
 def __getattr__(name: str) -> Any:
