@@ -23,6 +23,7 @@ call that returns a row of zeros once the taps are removed).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -38,6 +39,8 @@ __all__ = ["ModuleTaps"]
 _VERSION = "obs-module-taps-1"
 _lock = threading.Lock()
 _specs: list[tuple[ModuleTaps, list[dict[str, Any]]]] = []  # spec id -> its owner and the rows of its graph
+_told: set[int] = set()  # specs whose values Inductor fused away were said on stderr
+logger = logging.getLogger("obs")
 _active: list[ModuleTaps] = []
 _patched: list[Any] = []  # aot_eager's boxed_nop, as it was, while it is wrapped
 
@@ -88,10 +91,23 @@ def xy_rows(rows: list[torch.Tensor], spec: int) -> None:
     try:
         with suppressed():
             kept = [i for i, r in enumerate(specs) if not r.get("absent")]
+            if len(kept) < len(specs) and spec not in _told:
+                _told.add(spec)
+                _say_fused([r for r in specs if r.get("absent")], len(specs))
             if kept:
                 owner.on_rows([specs[i] for i in kept], torch.stack([rows[i] for i in kept]))
     except Exception as exc:  # noqa: BLE001 - reported; the compiled step goes on
         report_internal_error("monitor: compiled activations", exc)
+
+
+def _say_fused(absent: list[dict[str, Any]], total: int) -> None:
+    """Once per graph: which chosen values got no statistics, because Inductor computes them inside a kernel."""
+    names = sorted({f"{r['module']}.{r['io']}" for r in absent})
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    logger.warning("obs: monitor: %d of the %d module inputs/outputs chosen in a graph Inductor compiled are "
+                   "computed inside its fused kernels, never in memory, so they get no activation statistics (tapping "
+                   "them would change the kernels): %s. Their submodules' values may be in memory; "
+                   "backend=\"aot_eager\" keeps every one.", len(absent), total, shown)
 
 
 @xy_rows.register_fake
