@@ -143,3 +143,31 @@ def test_device_parts_join_one_batch_read_after_its_event():
     reader.join()
     assert read == [[1.0, 2.0], [4.0]] and event.waited_on == ["reader"]  # once, on the reader's thread
     assert batch.to_host(values) is values  # no CUDA tensor: nothing joined
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_steps_values_are_one_pinned_copy(tmp_path, monkeypatch):
+    """On a GPU: one pinned copy per collected step, and the same norms as torch's."""
+    import json
+
+    import obs
+    from obs.features.monitor.feature import feature
+    from obs.features.monitor.reader import read_run
+
+    copies = []
+    real = batch._pinned_copy
+    monkeypatch.setattr(batch, "_pinned_copy", lambda joined: copies.append(joined.numel()) or real(joined))
+    config = tmp_path / "obs.json"
+    config.write_text(json.dumps({"monitor": {"enable": True, "path": str(tmp_path / "out")}}))
+    obs.set_context(env_config_path=str(config))
+    model = torch.nn.Linear(8, 4).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 8, device="cuda")).pow(2).mean().backward()
+        expected = torch.linalg.vector_norm(model.weight.grad).item()
+        opt.step()
+        opt.zero_grad()
+    assert feature.monitor is not None and feature.monitor.flush(30.0)
+    assert len(copies) == 3
+    grads = [s for s in read_run(feature.monitor.folder).series if s.prefix == "grad_reduced" and s.name == "weight"]
+    assert grads and grads[0].values[-1] == pytest.approx(expected, rel=1e-4)
