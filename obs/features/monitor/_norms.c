@@ -12,7 +12,8 @@
  * Codes as the data dump's statistics pass (_stats_api.h): F32 0, F64 1, F16 2, BF16 3.  Sums of squares are taken
  * per block in float32 lanes (the compiler vectorizes them: each lane is its own accumulator, nothing is
  * reassociated) and the blocks added in double, as torch's cascade sums are at least.  The GIL is released while a
- * call reads 256 KiB or more.  No torch headers: the caller (norms.py) checks dtypes, devices and layouts.
+ * call reads 16 MiB or more (a shorter pass keeps it: released, it could go to the worker thread mid-step).  No
+ * torch headers: the caller (norms.py) checks dtypes, devices and layouts.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -278,7 +279,7 @@ static PyObject *call(int what, const char *fn, PyObject *const *args, Py_ssize_
         args_free(&a);
         return PyErr_NoMemory();
     }
-    if (a.bytes >= (1u << 18)) {
+    if (a.bytes >= ((size_t)1 << 24)) { /* long passes only: a short one would hand the GIL to the worker mid-step */
         Py_BEGIN_ALLOW_THREADS
         compute(what, &a, out, sums);
         Py_END_ALLOW_THREADS
