@@ -1,5 +1,5 @@
-"""Only the C extensions live here (the recorder's hot path, the dump's statistics); everything else is in
-pyproject.toml."""
+"""Only the C extensions live here (the recorder's hot path, the dump's statistics, the monitor's norms); everything
+else is in pyproject.toml."""
 
 from setuptools import Extension, setup
 
@@ -12,4 +12,6 @@ setup(ext_modules=[Extension("recorder._hotpath",
                    Extension("obs.features.dump.stats._stats", [f"{_STATS}/_stats.c"], optional=True,
                              depends=[f"{_STATS}/{h}" for h in ("_stats_api.h", "ryu/d2d.h", "ryu/common.h",
                                                                  "ryu/d2s_intrinsics.h", "ryu/d2s_full_table.h")],
+                             extra_compile_args=["-O3"]),
+                   Extension("obs.features.monitor._norms", ["obs/features/monitor/_norms.c"], optional=True,
                              extra_compile_args=["-O3"])])

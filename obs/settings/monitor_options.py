@@ -227,9 +227,9 @@ MONITOR_OPTIONS = OptionTable("monitor", [
            "the first step; unlike msprobe, training goes on."),
     Option("module_ranks", ListOf(Int(min=0), "ranks"), [], "Ranks that collect ([]: all)."),
     Option("update_sample", Int(min=0, max=1 << 40), 4096, "The update norm and update/weight ratio of a parameter "
-           "with more elements come from a fixed strided sample of at most this many of them (the norm scaled to the "
-           "whole), so a step copies no more; 0: exact (a copy of every parameter at every step). Exact with "
-           "ur_distribution."),
+           "with more elements come from a fixed sample of at most this many of them, in 32 evenly spaced runs (the "
+           "norm scaled to the whole), so a step copies no more; 0: exact (a copy of every parameter at every "
+           "step). Exact with ur_distribution."),
     Option("window", Int(min=3, max=100_000), 50, "The robust rule's history: the last W collected steps."),
     Option("warmup", Int(min=0, max=1_000_000), 20, "Steps of a series not judged, at its start (and the least "
            "history the robust rule needs)."),

@@ -1,36 +1,30 @@
 """What the monitor collects on the training thread: its optimizer, backward and module hooks.
 
-At every collected optimizer step, with fused ops (``torch._foreach_norm``, one kernel per group of tensors rather
-than one per tensor), no ``.item()`` and no host read on the training thread:
+At every collected optimizer step, with no ``.item()`` and no host read of a GPU tensor on the training thread:
 
-* before ``optimizer.step()``: each gradient's norm, each parameter's norm, and a copy of the parameters into
-  buffers kept from step to step (``torch._foreach_copy_``);
-* after it: the change of each parameter (``torch._foreach_sub_``) and its norm.  The update/weight ratio and the
-  global gradient norm are computed from these norms by the worker thread.  A parameter of more than
-  ``update_sample`` elements takes part in the update norm and ratio through a fixed strided sample of them
-  (scaled to the whole): the copy and the difference then cost no more than that per parameter, where an exact
-  update costs a copy of every parameter at every step (``update_sample: 0``);
-* the loss: the value given to ``obs.scalar("loss", ...)``, else the one-element tensor ``backward()`` started from;
+* before ``optimizer.step()``: each gradient's norm, each parameter's (or its sample's) norm, and a copy of the
+  samples; after it, the norm of their change (:mod:`obs.features.monitor.norms`: one native pass per list on the
+  CPU, fused ops elsewhere).  The update/weight ratio and the global gradient norm are computed from these norms by
+  the worker thread;
+* the loss: the value given to ``obs.scalar("loss", ...)``, else the one-element tensor ``backward()`` started from
+  (``backward()``'s wrapper also gives the step a loss given later belongs to);
 * opt-in: every statistic of ``ops`` of gradients (``wg_distribution``), updates (``ur_distribution``), Adam's
   moments (``mv_distribution``) and, through forward hooks on the chosen modules, activations (``xy_distribution``).
 
-The step's values stay in a few tensors handed to the worker thread (:mod:`obs.features.monitor.writer`), which
-reads them (one host read per step, off the training thread; on CUDA the training thread never waits for the
-device).  Nothing here changes what the model computes: every op runs under ``torch.no_grad()`` on the hooks'
-own tensors, with obs's other hooks suppressed.
+The step's values are handed to the worker thread (:mod:`obs.features.monitor.writer`) as one packet; on CUDA its
+tensors travel as one device batch in one pinned copy with an event (:mod:`obs.features.monitor.batch`), which the
+worker waits for.  Nothing here changes what the model computes: every op runs under ``torch.no_grad()`` on the
+hooks' own tensors, with obs's other hooks suppressed.
 
 Parameter names come from the model, found at the first optimizer step among the locals and globals of the frames
-that called it (no global module hook: ``torch.compile`` warns about those); with activations on, from the first
-module called (the model), through a global forward pre-hook installed only until then.  Steps count optimizer steps
-from 0, as msprobe does.
+that called it (:mod:`obs.features.monitor.names`); with activations on, from the first module called (the model),
+through a global forward pre-hook installed only until then.  Steps count optimizer steps from 0, as msprobe does.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import os
-import sys
 import time
 import weakref
 from collections.abc import Mapping
@@ -41,14 +35,19 @@ import torch
 from torch.optim import optimizer as torch_optimizer
 
 from obs._core.internal import report_internal_error, suppressed
+from obs.features.monitor.activations import Activations
+from obs.features.monitor.batch import to_host
 from obs.features.monitor.layout import VALUE_OPS
+from obs.features.monitor.names import clean, find_model, matches
+from obs.features.monitor.norms import ParamNorms
+from obs.features.monitor.stats import NORM, shape_of, stats, stats_all
 from obs.features.monitor.writer import Block, Packet, Worker
 from obs.features.profiling import scalars
 from obs.runtime.torch import AutogradCall
 
-__all__ = ["Collector", "Plan"]
+__all__ = ["Collector", "Plan", "process_meta", "run_stamp"]
 
-_NORM = ("norm",)
+_LOSS_BLOCK = Block("_loss", (("loss", None, "", ""),), ("value",))
 
 
 @dataclass(frozen=True)
@@ -76,20 +75,31 @@ class Plan:
 
     @property
     def value_ops(self) -> tuple[str, ...]:
-        return tuple(op for op in self.ops if op in VALUE_OPS) or _NORM
+        return tuple(op for op in self.ops if op in VALUE_OPS) or NORM
+
+
+class _Watched:
+    """One optimizer's parameters with a gradient, as of a step: those watched, their rows, norms and blocks."""
+
+    __slots__ = ("params", "rows", "norms", "blocks")
+
+    def __init__(self, params: list[torch.Tensor], rows: tuple[tuple[str, int | None, str, str], ...],
+                 norms: ParamNorms) -> None:
+        self.params, self.rows, self.norms = params, rows, norms
+        # sampled: the ratio is the samples' norms' ratio; the worker scales the update's norm to the whole
+        self.blocks = [Block("_gnorm", rows, NORM), Block("_unorm", rows, NORM, norms.scales),
+                       Block("_wnorm", rows, NORM)]
 
 
 class _Opt:
-    """One optimizer's step count and the buffers of its parameters' values before the step."""
+    """One optimizer's step count and its watched parameters, by the ids of its parameters with a gradient."""
 
-    __slots__ = ("step", "buffers", "pending", "rows", "samples", "__weakref__")
+    __slots__ = ("step", "pending", "watched", "__weakref__")
 
     def __init__(self) -> None:
         self.step = 0
-        self.buffers: dict[int, torch.Tensor] = {}
         self.pending: Any = None
-        self.rows: dict[tuple[int, ...], tuple[tuple[str, int | None, str, str], ...]] = {}
-        self.samples: dict[tuple[int, ...], tuple[list[torch.Tensor], tuple[float, ...]]] = {}
+        self.watched: dict[tuple[int, ...], _Watched] = {}
 
 
 class Collector:
@@ -105,10 +115,8 @@ class Collector:
         self._backward_step = 0
         self._step_now = 0  # the first optimizer's step count: the step of forward and backward work
         self._scalar_loss = False
-        self._actv_rows: list[tuple[str, int | None, str, str]] = []
-        self._actv_values: list[torch.Tensor] = []
-        self._calls: dict[str, int] = {}
-        self._struct: dict[str, dict[str, Any]] | None = {} if plan.print_struct else None
+        self._acts = Activations(plan.value_ops, plan.eps, struct=plan.print_struct)
+        self._acts.due = plan.due(0)
         self._handles: list[Any] = []
         self._module_hooks: list[Any] = []
         self._hooked: set[int] = set()
@@ -117,6 +125,9 @@ class Collector:
         self._meta_sent: tuple[int, int] = (-1, -1)
         #: more blocks of each step: callables (optimizer, step) -> (Block, tensor) or None (unreduced.py)
         self.extras: list[Any] = []
+        self._first: weakref.ref[_Opt] | None = None  # the first optimizer's state: its steps are the run's
+        self._last: tuple[weakref.ref[Any], _Opt] | None = None  # the last optimizer seen, and its state
+        self._torch_work = plan.wg or plan.ur or plan.mv  # torch ops in the hooks beyond the norms' own
 
     # -- install / remove ---------------------------------------------------------------------------
     def install(self) -> Collector:
@@ -151,85 +162,31 @@ class Collector:
         except Exception as exc:  # noqa: BLE001 - reported; never raised into the forward
             report_internal_error("monitor: module names", exc)
 
-    def _find_model(self, params: list[torch.Tensor]) -> None:
-        """The model of an optimizer's parameters, from the frames that called ``optimizer.step()`` (their locals and
-        globals, and one level of attributes: ``self.model``): the module holding most of them, the largest on a
-        tie.  No global module hook, so ``torch.compile`` sees none (it warns when there is one)."""
-        want = {id(p) for p in params}
-        best: tuple[int, int, Any] = (0, 0, None)
-        seen: set[int] = set()
-        frame = sys._getframe(1)
-        for _ in range(40):
-            if frame is None:
-                break
-            for scope in (frame.f_locals, frame.f_globals):
-                for value in list(scope.values()):
-                    for module in _modules_in(value):
-                        if id(module) in seen:
-                            continue
-                        seen.add(id(module))
-                        mine = [id(p) for p in module.parameters()]
-                        got = (sum(1 for i in mine if i in want), len(mine), module)
-                        if got[:2] > best[:2]:
-                            best = got
-            frame = frame.f_back
-        if best[2] is not None:
-            self._learn(best[2])
-
     def _learn(self, root: torch.nn.Module) -> None:
         for name, param in root.named_parameters():
-            self._names.setdefault(id(param), _clean(name))
-        modules = [(_clean(name), m) for name, m in root.named_modules()]
+            self._names.setdefault(id(param), clean(name))
+        modules = [(clean(name), m) for name, m in root.named_modules()]
         self._modules = [name for name, _ in modules]
-        if self.plan.xy or self._struct is not None:
+        plan, struct = self.plan, self._acts.struct is not None
+        if plan.xy or struct:
             from obs.features.monitor import compiled  # a compiled model: its graphs tap activations, no hook
 
-            plan = self.plan
-            taps = compiled.take_over(self, root, lambda n: plan.all_xy or _matches(n, plan.targets, modules=True),
-                                      lambda t: _stats(t, plan.value_ops, plan.eps))
+            taps = compiled.take_over(self, root, lambda n: plan.all_xy or matches(n, plan.targets, modules=True),
+                                      lambda t: stats(t, plan.value_ops, plan.eps))
             if taps is not None:
                 self._module_hooks.append(taps)
                 return
             for name, module in modules:
                 if id(module) in self._hooked:  # a model learnt twice (a second optimizer's): hooked once
                     continue
-                if self._struct is not None or self.plan.all_xy or _matches(name, self.plan.targets, modules=True):
+                watched = plan.xy and (plan.all_xy or matches(name, plan.targets, modules=True))
+                if struct or watched:
                     self._hooked.add(id(module))
-                    self._module_hooks.append(module.register_forward_hook(self._make_xy(name)))
-
-    # -- forward: activations ----------------------------------------------------------------------------
-    def _make_xy(self, name: str) -> Any:
-        plan, me = self.plan, self
-        watched = plan.xy and (plan.all_xy or _matches(name, plan.targets, modules=True))
-
-        def hook(mod: Any, args: Any, output: Any) -> None:
-            if not torch.is_grad_enabled() or not mod.training:
-                return
-            try:
-                with torch.no_grad(), suppressed():
-                    if me._struct is not None and name not in me._struct:
-                        me._struct[name] = {"input": _struct_of(args), "output": _struct_of(output)}
-                    if watched and plan.due(me._current_step()):
-                        me._activations(name, args, output)
-            except Exception as exc:  # noqa: BLE001 - reported; never raised into the forward
-                report_internal_error("monitor: activations", exc)
-
-        return hook
-
-    def _activations(self, name: str, args: Any, output: Any) -> None:
-        micro = self._calls.get(name, 0)
-        self._calls[name] = micro + 1
-        ops, eps = self.plan.value_ops, self.plan.eps
-        for label, value in (("input", args), ("output", output)):
-            tensors = _tensors(value)
-            for i, t in enumerate(tensors):
-                row = f"{name}.{label}" if len(tensors) == 1 else f"{name}.{label}_{i}"
-                self._actv_rows.append((row, micro, _shape(t), str(t.dtype)))
-                self._actv_values.append(_stats(t, ops, eps))
+                    self._module_hooks.append(module.register_forward_hook(self._acts.hook(name, watched)))
 
     # -- backward and obs.scalar: the loss -----------------------------------------------------------------
     def _root(self, roots: Any) -> None:
-        self._backward_step = self._current_step()
+        self._backward_step = self._step_now
         if not self._scalar_loss and isinstance(roots, torch.Tensor) and roots.numel() == 1:
             self._roots.append(roots.detach())
 
@@ -250,78 +207,94 @@ class Collector:
         except Exception as exc:  # noqa: BLE001 - reported; obs.scalar never raises for the monitor
             report_internal_error("monitor: loss", exc)
 
-    def _current_step(self) -> int:
-        return self._step_now
-
     # -- the optimizer step -------------------------------------------------------------------------------
     def _pre(self, opt: Any, args: Any, kwargs: Any) -> None:
-        state = self._opts.get(opt)
-        if state is None:
-            state = self._opts[opt] = _Opt()
+        state = self._state(opt)
         state.pending = None
         if not self.plan.due(state.step):
             return
         try:
-            with torch.no_grad(), suppressed():
+            if self._torch_work:
+                with torch.no_grad(), suppressed():
+                    state.pending = self._before(state, opt)
+            else:  # the norms guard their own torch ops (none on the CPU's native path)
                 state.pending = self._before(state, opt)
         except Exception as exc:  # noqa: BLE001 - reported; the optimizer step goes on
             report_internal_error("monitor: before the optimizer step", exc)
 
-    def _before(self, state: _Opt, opt: Any) -> Any:
-        plan = self.plan
-        params = [p for group in opt.param_groups for p in group["params"]
-                  if p.grad is not None and not p.grad.is_sparse and _matches(self._names.get(id(p), ""), plan.targets)]
-        if not params:
-            return None
-        key = tuple(map(id, params))
-        rows = state.rows.get(key)
-        if rows is None:
-            if any(id(p) not in self._names for p in params):
-                self._find_model(params)
-            rows = state.rows[key] = tuple((self._name(p, i), None, _shape(p), str(p.dtype))
-                                           for i, p in enumerate(params))
-            self._params = [r[0] for r in rows]
-        grads = [p.grad for p in params]
-        grad_norms = torch._foreach_norm(grads)
-        sample = 0 if plan.ur else plan.update_sample
-        views, scale = self._samples(state, params, key, sample) if sample else (params, None)
-        weight_norms = torch._foreach_norm(views)
-        buffers = [self._buffer(state, v, p) for v, p in zip(views, params)]
-        torch._foreach_copy_(buffers, views)
-        extra: list[tuple[Block, torch.Tensor]] = []
-        if plan.wg:
-            extra.append((Block("grad_reduced", rows, plan.value_ops), _stats_all(grads, plan.value_ops, plan.eps)))
-        return views, rows, grad_norms, weight_norms, buffers, extra, scale
-
-    def _post(self, opt: Any, args: Any, kwargs: Any) -> None:
+    def _state(self, opt: Any) -> _Opt:
+        last = self._last
+        if last is not None and last[0]() is opt:  # one optimizer: no weak dictionary look-up per step
+            return last[1]
         state = self._opts.get(opt)
         if state is None:
-            return
+            state = self._opts[opt] = _Opt()
+            if self._first is None:
+                self._first = weakref.ref(state)
+        self._last = (weakref.ref(opt), state)
+        return state
+
+    def _before(self, state: _Opt, opt: Any) -> Any:
+        plan = self.plan
+        params = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
+        key = tuple(map(id, params))
+        watched = state.watched.get(key)
+        if watched is None:
+            watched = state.watched[key] = self._watch(params)
+        if not watched.params:
+            return None
+        grads = [p.grad for p in watched.params]
+        pending = watched.norms.before(grads)
+        extra: list[tuple[Block, torch.Tensor]] = []
+        if plan.wg:
+            extra.append((Block("grad_reduced", watched.rows, plan.value_ops), stats_all(grads, plan.value_ops,
+                                                                                        plan.eps)))
+        return watched, pending, extra
+
+    def _watch(self, params: list[torch.Tensor]) -> _Watched:
+        """The parameters of a new list that are watched (named first: targets match names), their rows and norms."""
+        if any(id(p) not in self._names for p in params):
+            model = find_model(params, depth=3)  # the frames from _pre's up
+            if model is not None:
+                self._learn(model)
+        plan, index = self.plan, {id(p): i for i, p in enumerate(params)}
+        chosen = [p for p in params if not p.grad.is_sparse and matches(self._names.get(id(p), ""), plan.targets)]
+        rows = tuple((self._names.get(id(p)) or f"param_{index[id(p)]}", None, shape_of(p), str(p.dtype))
+                     for p in chosen)
+        if rows:
+            self._params = [r[0] for r in rows]
+        # with ur_distribution the updates are exact, and their statistics need them as tensors
+        return _Watched(chosen, rows, ParamNorms(chosen, 0 if plan.ur else plan.update_sample, native=not plan.ur))
+
+    def _post(self, opt: Any, args: Any, kwargs: Any) -> None:
+        state = self._state(opt)
         step, pending, state.pending = state.step, state.pending, None
         state.step += 1
-        if state is next(iter(self._opts.values()), None):
+        if self._first is not None and state is self._first():
             self._step_now = state.step
+        self._acts.due = self.plan.due(self._step_now)
         if pending is None:
             self._roots.clear()
-            self._actv_rows, self._actv_values, self._calls = [], [], {}
+            self._acts.clear()
             return
         try:
-            with torch.no_grad(), suppressed():
+            if self._torch_work:
+                with torch.no_grad(), suppressed():
+                    self._after(step, opt, pending)
+            else:
                 self._after(step, opt, pending)
         except Exception as exc:  # noqa: BLE001 - reported; the training loop goes on
             report_internal_error("monitor: after the optimizer step", exc)
 
     def _after(self, step: int, opt: Any, pending: Any) -> None:
         plan = self.plan
-        params, rows, grad_norms, weight_norms, buffers, extra, scale = pending
-        torch._foreach_sub_(buffers, params)  # the value before the step, minus after: -update (of the samples)
-        update_norms = torch._foreach_norm(buffers)
+        watched, before, extra = pending
         blocks: list[Block] = []
-        values: list[torch.Tensor] = []
-        if self._actv_rows:
-            blocks.append(Block("actv", tuple(self._actv_rows), plan.value_ops))
-            values.append(torch.cat(self._actv_values))
-        self._actv_rows, self._actv_values, self._calls = [], [], {}
+        values: list[Any] = []
+        actv = self._acts.take(plan.value_ops)
+        if actv is not None:
+            blocks.append(actv[0])
+            values += actv[1]
         for block, tensor in extra:
             blocks.append(block)
             values.append(tensor)
@@ -330,35 +303,38 @@ class Collector:
             if got is not None:
                 blocks.append(got[0])
                 values.append(got[1])
-        # sampled: the ratio is the samples' norms' ratio; the worker scales the update's norm to the whole
-        blocks += [Block("_gnorm", rows, _NORM), Block("_unorm", rows, _NORM, scale), Block("_wnorm", rows, _NORM)]
-        values.append(torch.stack([*grad_norms, *update_norms, *weight_norms]))  # one tensor, one read
+        blocks += watched.blocks
+        values.append(watched.norms.after(before))
         if plan.ur:
-            torch._foreach_neg_(buffers)
-            blocks.append(Block("param_update", rows, plan.value_ops))
-            values.append(_stats_all(buffers, plan.value_ops, plan.eps))
+            updates = watched.norms.updates(before)
+            torch._foreach_neg_(updates)
+            blocks.append(Block("param_update", watched.rows, plan.value_ops))
+            values.append(stats_all(updates, plan.value_ops, plan.eps))
         if plan.mv:
-            self._moments(opt, params, rows, blocks, values)
+            self._moments(opt, watched, blocks, values)
         if self._roots:
-            blocks.append(Block("_loss", (("loss", None, "", ""),), ("value",)))
+            blocks.append(_LOSS_BLOCK)
             roots = self._roots
-            values.append(roots[0] if len(roots) == 1 else torch.stack(roots).float().mean())
+            if len(roots) == 1:
+                values.append(roots[0])
+            else:
+                with torch.no_grad(), suppressed():
+                    values.append(torch.stack(roots).float().mean())
             self._roots = []
-        if self._struct is not None:
-            self.worker.submit(("struct", self._struct))
-            self._struct = None
+        if self._acts.struct is not None:
+            self.worker.submit(("struct", self._acts.struct))
+            self._acts.struct = None
         self._send_meta()
-        self.worker.submit(Packet(step, blocks, values))
+        self.worker.submit(Packet(step, blocks, to_host(values)))
 
-    def _moments(self, opt: Any, params: list[torch.Tensor], rows: Any, blocks: list[Block],
-                 values: list[torch.Tensor]) -> None:
+    def _moments(self, opt: Any, watched: _Watched, blocks: list[Block], values: list[Any]) -> None:
         ops, eps = self.plan.value_ops, self.plan.eps
         for key in ("exp_avg", "exp_avg_sq"):
-            found = [(row, opt.state[p][key]) for p, row in zip(params, rows)
+            found = [(row, opt.state[p][key]) for p, row in zip(watched.params, watched.rows)
                      if isinstance(opt.state.get(p, {}).get(key), torch.Tensor)]
             if found:
                 blocks.append(Block(key, tuple(r for r, _ in found), ops))
-                values.append(_stats_all([t for _, t in found], ops, eps))
+                values.append(stats_all([t for _, t in found], ops, eps))
 
     def _send_meta(self) -> None:
         sizes = (len(self._modules), len(self._params))
@@ -366,129 +342,6 @@ class Collector:
             return
         self._meta_sent = sizes
         self.worker.submit(("meta", {**self.meta, "modules": list(self._modules), "params": list(self._params)}))
-
-    def _name(self, param: torch.Tensor, index: int) -> str:
-        name = self._names.get(id(param))
-        if name is None:  # a parameter of no model found: named by its place in the optimizer
-            return f"param_{index}"
-        return name
-
-    def _buffer(self, state: _Opt, like: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-        """The buffer of a parameter's value before the step: float32 for 16-bit parameters, so that the difference
-        (a small change of a large value) is not rounded to 16 bits."""
-        dtype = torch.float32 if like.dtype in (torch.bfloat16, torch.float16) else like.dtype
-        buf = state.buffers.get(id(param))
-        if buf is None or buf.shape != like.shape or buf.dtype != dtype or buf.device != like.device:
-            buf = state.buffers[id(param)] = torch.empty(like.shape, dtype=dtype, device=like.device)
-        return buf
-
-    def _samples(self, state: _Opt, params: list[torch.Tensor], key: tuple[int, ...], sample: int
-                 ) -> tuple[list[torch.Tensor], tuple[float, ...]]:
-        """Each parameter, or a fixed strided view of at most ``sample`` of its elements (a contiguous one), and per
-        parameter the factor that scales a sample's norm to the whole (1 where the whole is taken)."""
-        cached = state.samples.get(key)
-        if cached is not None and all(v.data_ptr() == p.data_ptr() for v, p in zip(cached[0], params)):
-            return cached
-        views, factors = [], []
-        for p in params:
-            n = p.numel()
-            if n > sample and p.is_contiguous():
-                stride = -(-n // sample)
-                view = p.detach().view(-1)[::stride]
-                views.append(view)
-                factors.append(math.sqrt(n / view.numel()))
-            else:
-                views.append(p.detach())
-                factors.append(1.0)
-        result = (views, tuple(factors))
-        state.samples[key] = result
-        return result
-
-
-def _modules_in(value: Any) -> list[torch.nn.Module]:
-    """A module, or the modules among an object's attributes (a trainer's ``self.model``)."""
-    if isinstance(value, torch.nn.Module):
-        return [value]
-    if isinstance(value, type) or not hasattr(value, "__dict__"):
-        return []
-    try:
-        attrs = vars(value)
-    except TypeError:
-        return []
-    return [v for v in attrs.values() if isinstance(v, torch.nn.Module)]
-
-
-def _clean(name: str) -> str:
-    """A name without torch.compile's wrapper (``_orig_mod.``)."""
-    return name.replace("_orig_mod.", "")
-
-
-def _matches(name: str, targets: tuple[str, ...], *, modules: bool = False) -> bool:
-    """msprobe's rule: a parameter is watched when its name starts with a target; a module when its name is a target.
-    obs also takes shell patterns (``h.*.mlp``) for both."""
-    for target in targets:
-        if modules:
-            if name == target or (any(c in target for c in "*?[") and fnmatch.fnmatchcase(name, target)):
-                return True
-        elif name.startswith(target) or (any(c in target for c in "*?[") and fnmatch.fnmatchcase(name, target + "*")):
-            return True
-    return False
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value] if value.is_floating_point() else []
-    if isinstance(value, (tuple, list)):
-        return [v for v in value if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    return []
-
-
-def _shape(t: torch.Tensor) -> str:
-    return str(list(t.shape))
-
-
-def _stats(t: torch.Tensor, ops: tuple[str, ...], eps: float) -> torch.Tensor:
-    """One tensor's statistics (msprobe's ops), as one float32 vector on its device."""
-    t = t.detach()
-    if t.numel() == 0:
-        return torch.full((len(ops),), math.nan, device=t.device)
-    f = t.float()
-    out = []
-    for op in ops:
-        if op == "norm":
-            out.append(torch.linalg.vector_norm(f))
-        elif op == "min":
-            out.append(f.min())
-        elif op == "max":
-            out.append(f.max())
-        elif op == "mean":
-            out.append(f.mean())
-        elif op == "zeros":
-            out.append((f.abs() < eps).float().mean())
-        elif op == "nans":
-            out.append(f.isnan().sum().float())
-        else:  # id: the value of a one-element tensor
-            out.append(f.reshape(-1)[0] if f.numel() == 1 else torch.tensor(math.nan, device=f.device))
-    return torch.stack(out)
-
-
-def _stats_all(tensors: list[torch.Tensor], ops: tuple[str, ...], eps: float) -> torch.Tensor:
-    if ops == _NORM:
-        return torch.stack(torch._foreach_norm(tensors)).float()
-    return torch.cat([_stats(t, ops, eps) for t in tensors])
-
-
-def _struct_of(value: Any) -> dict[str, Any]:
-    """msprobe's print_struct entry of a module's inputs or outputs."""
-    if isinstance(value, torch.Tensor):
-        return {"config": "tensor", "tensor": f"size={tuple(value.shape)}, dtype={value.dtype}"}
-    if isinstance(value, (tuple, list)):
-        out: dict[str, Any] = {"config": f"{type(value).__name__}[{len(value)}]"}
-        for i, v in enumerate(value):
-            out[str(i)] = (f"size={tuple(v.shape)}, dtype={v.dtype}" if isinstance(v, torch.Tensor)
-                           else str(type(v)))
-        return out
-    return {"config": str(type(value))}
 
 
 def run_stamp() -> str:

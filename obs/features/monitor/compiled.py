@@ -46,10 +46,12 @@ def take_over(collector: Collector, root: torch.nn.Module, chosen: Callable[[str
     if not plan.xy:  # print_struct alone: no activations, and no hook in the compiled model either
         return _Nothing()
 
+    acts = collector._acts
+
     def on_rows(rows: list[dict[str, Any]], values: torch.Tensor) -> None:
-        if not plan.due(collector._current_step()):
+        if not acts.due:
             return
-        calls = collector._calls
+        calls = acts.calls
         micro_of: dict[tuple[str, str], int] = {}
         for row in rows:
             module, key = row["module"], (row["module"], row["call"])
@@ -58,8 +60,8 @@ def take_over(collector: Collector, root: torch.nn.Module, chosen: Callable[[str
                 micro = micro_of[key] = calls.get(module, 0)
                 calls[module] = micro + 1
             label = row["io"] if row["count"] == 1 else f"{row['io']}_{row['slot']}"
-            collector._actv_rows.append((f"{module}.{label}", micro, str(row["shape"]), row["dtype"]))
-        collector._actv_values.append(values.reshape(-1))
+            acts.rows.append((f"{module}.{label}", micro, str(row["shape"]), row["dtype"]))
+        acts.parts.append(values.reshape(-1))
 
     return ModuleTaps(chosen, stats, len(plan.value_ops), on_rows).install()
 
