@@ -38,7 +38,7 @@ from obs._core.internal import report_internal_error, suppressed
 from obs.features.monitor.activations import Activations
 from obs.features.monitor.batch import to_host
 from obs.features.monitor.layout import VALUE_OPS
-from obs.features.monitor.names import clean, find_model, matches
+from obs.features.monitor.names import clean, find_model, hush_compile_hook_warning, matches, unhush
 from obs.features.monitor.norms import ParamNorms
 from obs.features.monitor.stats import NORM, shape_of, stats, stats_all
 from obs.features.monitor.writer import Block, Packet, Worker
@@ -121,6 +121,7 @@ class Collector:
         self._module_hooks: list[Any] = []
         self._hooked: set[int] = set()
         self._discover_handle: Any = None
+        self._hushed: Any = None  # the warnings filter kept while the discovery hook is in place
         self._backward: AutogradCall | None = None
         self._meta_sent: tuple[int, int] = (-1, -1)
         #: more blocks of each step: callables (optimizer, step) -> (Block, tensor) or None (unreduced.py)
@@ -136,6 +137,7 @@ class Collector:
         self._backward = AutogradCall(torch.autograd, "backward", on_start=self._root)
         if self.plan.xy or self.plan.print_struct:  # activations from the first forward on: hooks before it
             self._discover_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._discover)
+            self._hushed = hush_compile_hook_warning()
         scalars.set_tap(self._scalar)
         return self
 
@@ -147,6 +149,7 @@ class Collector:
         if self._discover_handle is not None:
             self._discover_handle.remove()
             self._discover_handle = None
+        unhush(self._hushed)
         if self._backward is not None:
             self._backward.unwrap()
             self._backward = None
@@ -158,6 +161,7 @@ class Collector:
             handle, self._discover_handle = self._discover_handle, None
             if handle is not None:
                 handle.remove()
+                unhush(self._hushed)
             self._learn(module)
         except Exception as exc:  # noqa: BLE001 - reported; never raised into the forward
             report_internal_error("monitor: module names", exc)

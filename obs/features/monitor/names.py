@@ -1,15 +1,18 @@
-"""Names for the monitor: the model of an optimizer's parameters, found among its callers' frames, and msprobe's rule
-of which parameters and modules the ``targets`` watch."""
+"""Names for the monitor: the model of an optimizer's parameters, found among its callers' frames, or the first module
+called (the discovery hook, and the one warning of torch's it would cause), and msprobe's rule of which parameters and
+modules the ``targets`` watch."""
 
 from __future__ import annotations
 
 import fnmatch
 import sys
+import types
+import warnings
 from typing import Any
 
 import torch
 
-__all__ = ["clean", "find_model", "matches"]
+__all__ = ["clean", "find_model", "hush_compile_hook_warning", "matches", "unhush"]
 
 
 def find_model(params: list[torch.Tensor], depth: int = 1) -> torch.nn.Module | None:
@@ -42,8 +45,8 @@ def _modules_in(value: Any) -> list[torch.nn.Module]:
     """A module, or the modules among an object's attributes (a trainer's ``self.model``)."""
     if isinstance(value, torch.nn.Module):
         return [value]
-    if isinstance(value, type) or not hasattr(value, "__dict__"):
-        return []
+    if isinstance(value, (type, types.ModuleType)) or not hasattr(value, "__dict__"):
+        return []  # a Python module's names are no trainer's (torch.distributed's warn when touched)
     try:
         attrs = vars(value)
     except TypeError:
@@ -66,3 +69,26 @@ def matches(name: str, targets: tuple[str, ...], *, modules: bool = False) -> bo
         elif name.startswith(target) or (any(c in target for c in "*?[") and fnmatch.fnmatchcase(name, target + "*")):
             return True
     return False
+
+
+#: torch warns at every call of a ``torch.compile``d module while a global module hook is installed
+_COMPILE_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
+
+
+def hush_compile_hook_warning() -> Any:
+    """Ignore torch's warning about global module hooks while the monitor's discovery hook is installed: that hook
+    removes itself in the first call, before Dynamo traces anything, so it never fires an extra time.  Returns the
+    filter, for :func:`unhush`."""
+    warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING, category=UserWarning)
+    return warnings.filters[0]
+
+
+def unhush(entry: Any) -> None:
+    """Take the filter of :func:`hush_compile_hook_warning` out again."""
+    try:
+        warnings.filters.remove(entry)
+    except ValueError:
+        return
+    mutated = getattr(warnings, "_filters_mutated", None)  # the module's cache of filters, where it has one
+    if mutated is not None:
+        mutated()
