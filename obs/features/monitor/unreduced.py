@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from obs._core.internal import report_internal_error, suppressed
-from obs.features.monitor.collect import Collector, _matches, _shape, _stats
+from obs.features.monitor.collect import Collector
+from obs.features.monitor.names import matches
+from obs.features.monitor.stats import shape_of, stats
 from obs.features.monitor.writer import Block
 
 __all__ = ["Unreduced"]
@@ -49,8 +51,8 @@ class Unreduced:
         for i, p in enumerate(self._params):
             got = self._stats.get(id(p))
             name = names.get(id(p), f"param_{i}")
-            if got is not None and _matches(name, plan.targets):
-                rows.append((name, None, _shape(p), str(p.dtype)))
+            if got is not None and matches(name, plan.targets):
+                rows.append((name, None, shape_of(p), str(p.dtype)))
                 values.append(got)
         self._stats = {}
         if not rows:
@@ -69,7 +71,7 @@ class Unreduced:
             try:
                 if param.grad is not None and plan.due(collector._current_step()):
                     with torch.no_grad(), suppressed():
-                        self._stats[id(param)] = _stats(param.grad, ops, eps)
+                        self._stats[id(param)] = stats(param.grad, ops, eps)
             except Exception as exc:  # noqa: BLE001 - reported; never raised into backward
                 report_internal_error("monitor: unreduced gradients", exc)
 
