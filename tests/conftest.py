@@ -26,6 +26,18 @@ def pytest_configure(config):
     # without obs" baselines, would never see it. Give the suite the handler an interactive start has.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The files run in the order pytest_collection_modifyitems gives. pytest-xdist would reorder them by their count
+    # of tests, most first, which put the files of one or two long tests (a compiled model, an exporter outage, a
+    # torchrun job) last, one worker running them alone after the others had finished.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items):
+    """The files holding a ``slow`` test first, each file's tests together and in their order: under
+    ``--dist loadfile`` the longest files start while the short ones are left to fill the workers' ends."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the collection order within each group
 
 
 @pytest.fixture(scope="session")

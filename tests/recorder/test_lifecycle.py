@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from recorder.bundle_reader import list_bundles, load_bundle
 from recorder.recover import recover_rings
 
@@ -57,6 +59,7 @@ def test_a_crash_leaves_its_bundle_and_marker_in_the_current_folder(tmp_path):
     assert not list_bundles(str(tmp_path)).rings  # its bundle is on disk: the ring went
 
 
+@pytest.mark.slow
 def test_ranks_started_by_mp_spawn_before_init_process_group_get_their_own_folders(tmp_path):
     result = run("spawn", tmp_path, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from recorder.bundle_reader import list_bundles, load_bundle
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "ranks_script.py")
@@ -33,6 +35,7 @@ def stuck_collectives(bundle):
     return [e for e in events if e["group_seq"] not in done], len(done)
 
 
+@pytest.mark.slow
 def test_a_stalled_peer_makes_both_ranks_dump_a_hang(tmp_path):
     codes, outs = run_ranks(tmp_path, "stalls")
     assert codes == [0, 0], outs

@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = r'''
 import functools, json, os, sys
 import torch, obs

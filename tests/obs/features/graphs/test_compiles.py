@@ -147,6 +147,7 @@ def test_break_text_is_read_into_source_reason_and_explanation():
     assert break_of("something else") == {"source": "", "reason": "", "explanation": ""}
 
 
+@pytest.mark.slow
 def test_save_graphs_set_before_torch_is_imported_still_sees_compiles(tmp_path):
     """As under `obs run --set save_graphs=1`: the settings come first (their eager tracer imports torch while
     they are applied), the script imports torch later."""

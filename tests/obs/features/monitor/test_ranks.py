@@ -27,6 +27,8 @@ from obs.features.monitor.layout import CSV_PATTERN
 from obs.features.monitor.reader import read_run
 from tests.obs.features.monitor.ddp_script import BAD, STEPS
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_script.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))))
 

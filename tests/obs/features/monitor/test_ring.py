@@ -24,6 +24,8 @@ from recorder.monitor_part import decode, encode, from_contents
 from recorder.ring import RingWriter
 from recorder.ring_reader import read_ring
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 SPIKE, KILL_AT, KEEP = 200, 250, 64
 

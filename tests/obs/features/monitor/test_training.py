@@ -25,6 +25,8 @@ from obs.features.monitor.reader import find_run, read_run
 from obs.runtime.steps import tracker
 from tests.obs.features.monitor.gpt import GPT, batches
 
+pytestmark = pytest.mark.slow
+
 STEPS, SPIKE = 300, 200
 
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from obs.cli import main
 from tests.obs.features.profiling.traces import steps_with_spans
 from tests.recorder._jobs import finish, free_port
@@ -18,6 +20,7 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture_ranks
 ROOT = str(pathlib.Path(__file__).resolve().parents[4])  # the repository
 
 
+@pytest.mark.slow
 def test_obs_trace_capture_reaches_every_rank_of_a_torchrun_job_and_each_traces_exactly_its_steps(tmp_path, capsys):
     out, pids = tmp_path / "prof", tmp_path / "pids"
     pids.mkdir()

@@ -92,6 +92,7 @@ def test_without_a_subprocess_the_exporter_runs_on_a_thread_and_says_so_once(tmp
     assert len(said) == 1 and "GIL" in said[0].getMessage()
 
 
+@pytest.mark.slow
 def test_hot_reload_turns_profiling_off_and_on_at_step_boundaries(tmp_path):
     config = tmp_path / "obs.json"
     config.write_text(json.dumps({"profiler": {"enable": True}}))
@@ -138,6 +139,7 @@ def test_hot_reload_turns_profiling_on_and_changes_levels(tmp_path):
     assert sum(s.kind == "step" for s in spans) == 4 and any(s.kind == "module" for s in spans)
 
 
+@pytest.mark.slow
 def test_obs_run_prints_the_summary_and_obs_trace_export_resends_the_files(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, "PYTHONPATH": ROOT}
     script = tmp_path / "train.py"

@@ -8,6 +8,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 import torch
 
 import obs
@@ -53,6 +54,7 @@ def ring_steps(recorder):
     return {json.loads(line)["step"] for line in lines}
 
 
+@pytest.mark.slow
 def test_1000_reloads_switch_the_recorder_and_every_step_is_recorded_by_exactly_one(tmp_path, monkeypatch):
     monkeypatch.setattr(env_feature, "debounce_s", 0.0)
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
