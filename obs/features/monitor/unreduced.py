@@ -69,7 +69,7 @@ class Unreduced:
 
         def hook(param: torch.Tensor) -> None:
             try:
-                if param.grad is not None and plan.due(collector._current_step()):
+                if param.grad is not None and plan.due(collector._step_now):
                     with torch.no_grad(), suppressed():
                         self._stats[id(param)] = stats(param.grad, ops, eps)
             except Exception as exc:  # noqa: BLE001 - reported; never raised into backward
