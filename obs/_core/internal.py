@@ -15,6 +15,7 @@ from obs._core import env
 
 __all__ = [
     "internal_error_counts",
+    "leave_traceback",
     "report_internal_error",
     "set_raise_internal_errors",
     "suppressed",
@@ -26,6 +27,14 @@ logger = logging.getLogger("obs")
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
 _raise = env.flag(env.OBS_RAISE_INTERNAL_ERRORS)
+
+
+def leave_traceback(error: BaseException, frame: object) -> None:
+    """Take a wrapper's own ``frame`` out of the head of ``error``'s traceback, so that an error passing through obs
+    shows the user's frames only (a bare ``raise`` after this adds none)."""
+    tb = error.__traceback__
+    if tb is not None and tb.tb_frame is frame:
+        error.__traceback__ = tb.tb_next
 
 
 def set_raise_internal_errors(flag: bool) -> bool:

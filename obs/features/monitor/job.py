@@ -27,17 +27,15 @@ DDP's all-reduce on all).
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from obs._core.errors import DamagedFileError
 from obs.features.monitor.clock import host_offsets, read_times
 from obs.features.monitor.explain import Finding, Mover, Movers, findings, loss_after, rules_of, scores
-from obs.features.monitor.layout import META, RUN_FOLDER
-from obs.features.monitor.reader import MonitorRun, list_runs, newest_write, read_run
+from obs.features.monitor.layout import RUN_FOLDER
+from obs.features.monitor.reader import MonitorRun, list_runs, newest_write, read_meta, read_run
 
 __all__ = ["SLACK_S", "Job", "JobExplanation", "RankRun", "Spread", "explain_job", "find_job", "job_movers",
            "read_job"]
@@ -131,16 +129,7 @@ class JobExplanation:
 
 # -- which runs -------------------------------------------------------------------------------------------------
 def _candidate(folder: str) -> _Candidate:
-    meta: dict[str, Any] = {}
-    path = os.path.join(folder, META)
-    if os.path.exists(path):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                meta = json.loads(fh.read(1 << 24))
-        except (OSError, ValueError, RecursionError) as exc:
-            raise DamagedFileError(f"{path}: not readable JSON ({exc})", path=path) from None
-        if not isinstance(meta, dict):
-            raise DamagedFileError(f"{path}: not an obs monitor metadata file", path=path)
+    meta = read_meta(folder, checked=False)  # read_run checks it, for the runs the job takes
     rank = meta.get("rank")
     if not isinstance(rank, int) or isinstance(rank, bool):
         match = RUN_FOLDER.fullmatch(os.path.basename(os.path.normpath(folder)))

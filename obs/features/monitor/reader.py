@@ -19,7 +19,7 @@ from obs._core.errors import DamagedFileError, NotOurFileError
 from obs.features.monitor.layout import CSV_HEADER, CSV_PATTERN, META, RUN_FOLDER, is_micro, kind_stage
 from recorder.monitor_part import RingAnomaly
 
-__all__ = ["MonitorRun", "Series", "find_run", "is_run", "list_runs", "newest_write", "read_run"]
+__all__ = ["MonitorRun", "Series", "find_run", "is_run", "list_runs", "newest_write", "read_meta", "read_run"]
 
 _LIMIT = 1 << 30  # bytes of one CSV file read at most
 
@@ -123,19 +123,25 @@ def _number(text: str, path: str, line: int, column: str) -> float:
                                path=path) from None
 
 
+def read_meta(folder: str, *, checked: bool = True) -> dict[str, Any]:
+    """The run folder's ``monitor.json`` ({} where it has none); ``checked``: its format and settings checked too.
+    A file that is no JSON object is an error naming it."""
+    meta_path = os.path.join(folder, META)
+    if not os.path.exists(meta_path):
+        return {}
+    try:
+        with open(meta_path, encoding="utf-8") as fh:
+            meta = json.loads(fh.read(1 << 24))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise DamagedFileError(f"{meta_path}: not readable JSON ({exc})", path=meta_path) from None
+    if not isinstance(meta, dict) or (checked and meta.get("format") != "obs-monitor"):
+        raise DamagedFileError(f"{meta_path}: not an obs monitor metadata file", path=meta_path)
+    return _checked_meta(meta, meta_path) if checked else meta
+
+
 def read_run(folder: str) -> MonitorRun:
     """Every series of the run folder ``folder``."""
-    meta: dict[str, Any] = {}
-    meta_path = os.path.join(folder, META)
-    if os.path.exists(meta_path):
-        try:
-            with open(meta_path, encoding="utf-8") as fh:
-                meta = json.loads(fh.read(1 << 24))
-        except (OSError, ValueError, RecursionError) as exc:
-            raise DamagedFileError(f"{meta_path}: not readable JSON ({exc})", path=meta_path) from None
-        if not isinstance(meta, dict) or meta.get("format") != "obs-monitor":
-            raise DamagedFileError(f"{meta_path}: not an obs monitor metadata file", path=meta_path)
-        meta = _checked_meta(meta, meta_path)
+    meta = read_meta(folder)
     match = RUN_FOLDER.fullmatch(os.path.basename(os.path.normpath(folder)))
     rank = meta.get("rank") if isinstance(meta.get("rank"), int) else (int(match.group(2)) if match else None)
     data: dict[tuple[str, str, int | None, str], dict[int, float]] = {}

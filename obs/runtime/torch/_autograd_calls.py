@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from obs._core.internal import SUPPRESSION, report_internal_error
+from obs._core.internal import SUPPRESSION, leave_traceback, report_internal_error
 
 __all__ = ["AutogradCall", "roots_of"]
 
@@ -51,9 +51,7 @@ class AutogradCall:
             try:
                 return original(*args, **kwargs)
             except BaseException as exc:
-                tb = exc.__traceback__
-                if tb is not None and tb.tb_frame is getframe():
-                    exc.__traceback__ = tb.tb_next  # this wrapper leaves the user's traceback
+                leave_traceback(exc, getframe())  # this wrapper leaves the user's traceback
                 if on_error is not None and me.active and not state.depth:
                     try:
                         on_error(exc, roots_of(args, kwargs))
@@ -72,9 +70,7 @@ class AutogradCall:
             try:
                 return original(*args, **kwargs)
             except BaseException as exc:
-                tb = exc.__traceback__
-                if tb is not None and tb.tb_frame is getframe():
-                    exc.__traceback__ = tb.tb_next  # this wrapper leaves the user's traceback
+                leave_traceback(exc, getframe())  # this wrapper leaves the user's traceback
                 raise
             finally:
                 if begin:

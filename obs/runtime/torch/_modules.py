@@ -39,7 +39,7 @@ from torch._C._dynamo.eval_frame import get_eval_frame_callback
 from torch.compiler import is_compiling
 
 from obs._core.events import Event, bus
-from obs._core.internal import SUPPRESSION, report_internal_error
+from obs._core.internal import SUPPRESSION, leave_traceback, report_internal_error
 from obs.runtime.steps import tracker
 from obs.runtime.torch._failures import failure_hooks
 
@@ -173,9 +173,7 @@ class ModuleHooks:
                 try:
                     return original(module, *args, **kwargs)
                 except BaseException as exc:
-                    tb = exc.__traceback__
-                    if tb is not None and tb.tb_frame is getframe():
-                        exc.__traceback__ = tb.tb_next  # as below: this wrapper leaves no frame
+                    leave_traceback(exc, getframe())  # as below: this wrapper leaves no frame
                     raise
             stack = state.stack
             root = not stack
@@ -209,9 +207,7 @@ class ModuleHooks:
                 error = exc
                 if failure_hooks.snapshot:  # exception_dump: the innermost failing call, with its own arguments
                     failure_hooks.call(exc, "module", scope, args, kwargs, module)
-                tb = exc.__traceback__
-                if tb is not None and tb.tb_frame is getframe():
-                    exc.__traceback__ = tb.tb_next  # a bare raise adds no frame: this one leaves the traceback
+                leave_traceback(exc, getframe())  # a bare raise adds no frame: this one leaves the traceback
                 raise
             finally:
                 stack.pop()

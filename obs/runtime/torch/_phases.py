@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.optim import optimizer as torch_optimizer
 
-from obs._core.internal import report_internal_error
+from obs._core.internal import leave_traceback, report_internal_error
 from obs.runtime.steps import tracker
 from obs.runtime.torch._autograd_calls import AutogradCall
 
@@ -116,9 +116,7 @@ def _with_closure(opt: Any, args: tuple[Any, ...], kwargs: dict[str, Any], start
         try:
             return closure(*a, **k)
         except BaseException as exc:
-            tb = exc.__traceback__
-            if tb is not None and tb.tb_frame is getframe():
-                exc.__traceback__ = tb.tb_next  # this wrapper leaves the user's traceback
+            leave_traceback(exc, getframe())  # this wrapper leaves the user's traceback
             raise
         finally:
             if begin is not None and key in started:  # not after step returned (a closure kept and called later)
