@@ -294,6 +294,8 @@ def run_show(path: str, *, last: int, as_json: bool, all_threads: bool = False) 
 
         out.print(Text("── training health (obs monitor explain) ──", style="bold"))
         print_explanation(out, _monitor(b), limit=10)
+        out.print("[dim]the monitor counts optimizer steps from 0, as msprobe does: its step N is the recorder's step "
+                  "N+1 below[/]")
     out.print(_timeline(events, f"last {len(events)} events (t relative to the last one)"))
     memory = b.events({"memory"}, last=3)
     peaks = {e.get("step"): e for e in b.events({"memory_peak"}, last=3)}
