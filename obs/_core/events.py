@@ -75,7 +75,7 @@ class Event(enum.Enum):
                          "every graph obs.compile publishes, the eager trace graph and obs.dump_graph's; `stage` "
                          "says which (dynamo_capture, aot_forward, aot_backward, trace, export, ...).")
     MEMORY = EventSpec("memory", ("step", "stats"), "Memory at each step end: CUDA "
-                       "allocator statistics on GPU, process RSS on CPU (read by a thread at most ~10 ms "
+                       "allocator statistics on GPU, process RSS on CPU (read at most 10 ms "
                        "before); `stats` may be the same dict at several step ends: read it, do not change it.")
     COLLECTIVE = EventSpec("collective", ("record",), "A torch.distributed collective changed state "
                            "(scheduled/started/completed); `record` is a dict.")

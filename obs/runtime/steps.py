@@ -18,9 +18,9 @@ its first forward; with the optimizer hooks alone (Print to file, RDR ``step`` g
 (``obs.Print`` does: see :meth:`StepTracker.auto_begin`), so a Print in step N's forward says N.
 ``obs.steps(loader)`` / ``with obs.step():`` mark exact boundaries.
 
-MEMORY is read at every step end by default (on the CPU the newest reading of :mod:`obs.runtime.resident`'s thread,
-no system call; on CUDA the allocator's counters); :data:`MEMORY_INTERVAL_NS` spaces the readings.  Its stats dict
-may be shared between step ends: handlers read it, never change it.
+MEMORY is sent at every step end by default (on the CPU the process's size, read at most every 10 ms by
+:mod:`obs.runtime.resident`; on CUDA the allocator's counters); :data:`MEMORY_INTERVAL_NS` spaces the events.  Its
+stats dict may be shared between step ends: handlers read it, never change it.
 """
 
 from __future__ import annotations

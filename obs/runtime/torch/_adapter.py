@@ -34,8 +34,8 @@ MODULE_EVENTS = (Event.MODULE_ENTER, Event.MODULE_EXIT)
 
 
 def memory_stats() -> dict[str, Any]:
-    """CUDA allocator statistics where CUDA is in use, else the process's RSS (bytes), as read by
-    :mod:`obs.runtime.resident`'s thread at most ~10 ms before.
+    """CUDA allocator statistics where CUDA is in use, else the process's RSS (bytes), read at most 10 ms before
+    (:mod:`obs.runtime.resident`).
 
     The device is ``set_context``'s, or CUDA's current device when that is CPU (the default) and the process uses
     CUDA.  Peaks are since the previous reading (one per step end): the allocator's peak counters are reset after
@@ -60,7 +60,7 @@ def memory_stats() -> dict[str, Any]:
                 "reserved_bytes.all.current": reserved.get("current", 0),
                 "reserved_bytes.all.peak": reserved.get("peak", 0),
                 "num_alloc_retries": stats.get("num_alloc_retries", 0), "num_ooms": stats.get("num_ooms", 0)}
-    return resident.latest()  # the CPU: the newest reading of a thread (no system call here)
+    return resident.latest()  # the CPU: a system call at most every 10 ms, the newest reading in between
 
 
 class TorchAdapter:
@@ -95,8 +95,6 @@ class TorchAdapter:
             want_steps = tracker.wanted or any(bus.has_subscribers(e) for e in STEP_EVENTS)
             phases = bus.handlers(Event.PHASE)
             self._training.sync(steps=want_steps, handlers=phases)
-            if not bus.has_subscribers(Event.MEMORY):
-                resident.stop()  # its reader thread: started by the first CPU reading, ended with the last reader
 
             want_modules = bool(phases) or any(bus.has_subscribers(e) for e in MODULE_EVENTS)  # phases: root calls
             if want_modules and self._modules is None:
@@ -145,7 +143,6 @@ class TorchAdapter:
         tracker.memory_probe = None
         with self._lock:
             self._training.remove()
-            resident.stop()
             if self._modules is not None:
                 self._modules.remove()
                 self._modules = None
