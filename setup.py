@@ -14,4 +14,6 @@ setup(ext_modules=[Extension("recorder._hotpath",
                                                                  "ryu/d2s_intrinsics.h", "ryu/d2s_full_table.h")],
                              extra_compile_args=["-O3"]),
                    Extension("obs.features.monitor._norms", ["obs/features/monitor/_norms.c"], optional=True,
-                             extra_compile_args=["-O3"])])
+                             extra_compile_args=["-O3"]),
+                   Extension("obs.features.monitor._robust", ["obs/features/monitor/_robust.c"], optional=True,
+                             extra_compile_args=["-O2"])])

@@ -46,7 +46,7 @@ logger = logging.getLogger("obs")
 PARTS = {
     "RECORDER": "the recorder's C hot path (module events, ring slots, signal relay)",
     "OPS": "the native op observer (op events from PyTorch's RecordFunction)",
-    "STATS": "the C statistics passes of the data dump, the NaN/Inf check and the monitor's norms",
+    "STATS": "the C statistics passes of the data dump, the NaN/Inf check and the monitor's norms and rule",
     "DUMP": "the data dump's C++ statistic recorder and the NaN/Inf check's C++ module hook",
 }
 

@@ -1,6 +1,6 @@
 """Anomaly rules over one series of values, step by step: the robust default and msprobe's two rules.
 
-Pure Python (no torch): the monitor's worker thread runs them as values arrive, and ``obs monitor explain`` runs
+No torch: the monitor's worker thread runs them as values arrive, and ``obs monitor explain`` runs
 the same ones over the CSV files, so both see the same anomalies.
 
 * :class:`Robust` (the default): the median and the MAD of the last ``window`` values; a value further than
@@ -21,11 +21,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Detector", "NanRule", "Robust", "Turbulence", "Verdict", "rules_from"]
+from obs._core import native
+
+__all__ = ["EXTENSION", "Detector", "NanRule", "Robust", "Turbulence", "Verdict", "rules_from"]
 
 _MAD_SIGMA = 1.4826  # MAD x this is the standard deviation of a normal distribution
 _REL_FLOOR = 0.05
 _ABS_FLOOR = 1e-12
+
+#: the robust rule over many series in C (``_robust.c``; the Python rule is its reference)
+EXTENSION = native.Installed("obs.features.monitor._robust", "STATS")
 
 
 @dataclass(frozen=True)
@@ -126,21 +131,49 @@ def rules_from(window: int, warmup: int, threshold: float, alert: dict[str, Any]
 
 
 class Detector:
-    """Every series' state under the same rules; :meth:`judge` returns the first rule's verdict, or None."""
+    """Every series' state under the same rules; :meth:`judge` returns the first rule's verdict, or None.
 
-    def __init__(self, rules: list[Any]) -> None:
+    With the robust rule alone (the default) and the native module built, the states live in its C ``Bank``: one
+    call judges a whole step (:meth:`judge_many`), with the Python rule's arithmetic.  ``native=False`` keeps them in
+    Python; either way :meth:`judge` and :meth:`judge_many` share them."""
+
+    def __init__(self, rules: list[Any], *, native: bool = True) -> None:
         self.rules = rules
-        self._states: dict[Any, list[Any]] = {}
+        self._index: dict[Any, int] = {}
+        self._states: list[list[Any]] = []
+        self._bank: Any = None
+        if native and len(rules) == 1 and type(rules[0]) is Robust:
+            lib = EXTENSION.load()
+            if lib is not None:
+                rule = rules[0]
+                self._bank = lib.Bank(rule.window, rule.warmup, float(rule.threshold))
+
+    def indices(self, keys: Any) -> tuple[int, ...]:
+        """Each series' index for :meth:`judge_many` (a new series gets the next one)."""
+        index = self._index
+        return tuple(index.setdefault(key, len(index)) for key in keys)
 
     def judge(self, key: Any, value: float, stat: str) -> Verdict | None:
-        states = self._states.get(key)
-        if states is None:
-            states = self._states[key] = [rule.state() for rule in self.rules]
-        found = None
-        for rule, state in zip(self.rules, states):  # every rule sees every value: their histories stay whole
-            verdict = rule.judge(state, value, stat)
-            if found is None:
-                found = verdict
+        found = self.judge_many(self.indices((key,)), (value,), (stat,))
+        return found[0][1] if found else None
+
+    def judge_many(self, indices: tuple[int, ...], values: Any, stats: Any) -> list[tuple[int, Verdict]]:
+        """Each value as the next of the series at the same place in ``indices``: ``(position, verdict)`` of the
+        flagged ones, in order.  ``stats``: each value's statistic (msprobe's rules judge only some)."""
+        if self._bank is not None:
+            name = self.rules[0].name
+            return [(at, Verdict(name, baseline, score)) for at, baseline, score in self._bank.judge(indices, values)]
+        states, rules, found = self._states, self.rules, []
+        while len(states) < len(self._index):
+            states.append([rule.state() for rule in rules])
+        for at, (i, value, stat) in enumerate(zip(indices, values, stats)):
+            first = None
+            for rule, state in zip(rules, states[i]):  # every rule sees every value: their histories stay whole
+                verdict = rule.judge(state, value, stat)
+                if first is None:
+                    first = verdict
+            if first is not None:
+                found.append((at, first))
         return found
 
 

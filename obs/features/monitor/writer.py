@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import os
 import sys
 import threading
@@ -27,11 +26,13 @@ from obs._core.internal import report_internal_error
 from obs._core.outputs import wrote
 from obs.features.monitor.detect import Detector
 from obs.features.monitor.layout import META, PREFIXES, SCHEMA_VERSION, columns, is_micro
+from obs.features.monitor.step_plan import StepPlan, cell, layout_key
 
 __all__ = ["LINES_PER_STEP", "Anomaly", "Block", "Packet", "StepValues", "Worker"]
 
 LINES_PER_STEP = 5
 DRAIN_S = 0.05  #: how often the worker takes what the training thread handed over
+_PLANS = 64  #: packet layouts compiled at once
 
 
 def _always() -> bool:
@@ -95,13 +96,6 @@ class _Counts:
     anomalies: list[Anomaly] = field(default_factory=list)
 
 
-def _cell(text: str) -> str:
-    """A CSV cell as msprobe's pandas writes it: quoted when it holds a comma, a quote or a line break."""
-    if any(c in text for c in ',"\n\r'):
-        return '"' + text.replace('"', '""') + '"'
-    return text
-
-
 class Worker:
     """Writes CSV rows and judges values on its own thread (``obs-monitor``)."""
 
@@ -122,8 +116,8 @@ class Worker:
         self._submitted = 0  # only the training thread counts (itertools-free: one int add)
         self._files: dict[str, tuple[int, int]] = {}  # prefix -> (chunk start, fd)
         self._loss_from_scalar = False
-        self._lines: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-        self._static: dict[str, tuple[Any, list[tuple[str, str, str]]]] = {}
+        self._plans: dict[tuple[Any, ...], StepPlan] = {}  # a packet layout's compiled step
+        self._queued: dict[str, tuple[int, list[str], list[str]]] = {}  # prefix -> (file's first step, header, rows)
         self._thread = threading.Thread(target=self._run, name="obs-monitor", daemon=True)
         self._thread.start()
 
@@ -184,6 +178,8 @@ class Worker:
                         self._struct(item[1])
                 except Exception as exc:  # noqa: BLE001 - reported; the monitor's bug never reaches training
                     report_internal_error("monitor worker", exc)
+            if self._queued:
+                self._write_queued()
             if done:
                 with self._cond:
                     self._counts.done += done
@@ -210,51 +206,38 @@ class Worker:
         return keep
 
     def _loss(self, step: int, value: float) -> None:
-        self._keeping()
         """A loss given through ``obs.scalar("loss", ...)``: from then on it replaces backward()'s value."""
+        self._keeping()
         self._loss_from_scalar = True
         found: list[Anomaly] = []
         self._row("scalars", step, "loss", None, [value], ("value",), "", "", found)
-        self._flush_lines(step)
         self._report(step, found)
         self._to_sinks(step, found)
 
     def _packet(self, packet: Packet) -> None:
-        self._keeping()
+        keep = self._keeping()
         values: list[float] = []
         for part in packet.values:  # tensors (one host read each, here, off the training thread) or numbers
             got = part.tolist() if hasattr(part, "tolist") else part
             values.extend(got if isinstance(got, list) else [got])
-        tables: dict[str, tuple[Block, list[float]]] = {}
-        at = 0
-        for block in packet.blocks:
-            tables[block.prefix] = (block, values[at:at + block.size])
-            at += block.size
-        step, found = packet.step, []
-        for prefix in ("actv", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq", "param_update"):
-            if prefix in tables:
-                self._block(step, *tables[prefix], found)
-        if "grad_reduced" not in tables and "_gnorm" in tables:
-            block, vals = tables["_gnorm"]
-            self._block(step, Block("grad_reduced", block.rows, block.stats), vals, found)
-        if "param_update" not in tables and "_unorm" in tables:
-            block, vals = tables["_unorm"]
-            if block.scales is not None:
-                vals = [v * f for v, f in zip(vals, block.scales)]
-            self._block(step, Block("param_update", block.rows, block.stats), vals, found)
-        if "_unorm" in tables and "_wnorm" in tables:
-            block, updates = tables["_unorm"]
-            weights = tables["_wnorm"][1]
-            for (name, _, shape, dtype), u, w in zip(block.rows, updates, weights):
-                ratio = u / w if w > 0 else math.nan  # a parameter at zero (a bias at its start): no ratio
-                self._row("update_ratio", step, name, None, [ratio], ("ratio",), shape, dtype, found)
-        if "_gnorm" in tables:
-            norms = tables["_gnorm"][1]
-            total = math.sqrt(math.fsum(g * g for g in norms)) if norms else math.nan
-            self._row("scalars", step, "grad_norm", None, [total], ("value",), "", "", found)
-        if "_loss" in tables and not self._loss_from_scalar:
-            self._row("scalars", step, "loss", None, tables["_loss"][1], ("value",), "", "", found)
-        self._flush_lines(step)
+        key = layout_key(packet.blocks, self._loss_from_scalar)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _PLANS:  # layouts that come and go (activations of varying calls): the newest
+                self._plans.clear()
+            plan = self._plans[key] = StepPlan(packet.blocks, self._loss_from_scalar, self.ndigits, self.detector)
+        step, written = packet.step, plan.values(values)
+        judged = written if plan.all_judged else [written[i] for i in plan.judged]
+        found = []
+        for at, verdict in self.detector.judge_many(plan.indices, judged, plan.stats):
+            prefix, name, micro, stat = plan.keys[plan.judged[at]]
+            found.append(Anomaly(step, prefix, name, micro, stat, judged[at], verdict.baseline, verdict.rule,
+                                 verdict.score))
+        if keep:
+            self._step_values = [(*k, v) for k, v in zip(plan.keys, written)]
+        if self.folder is not None:
+            for prefix, header, text in plan.lines(step, written):
+                self._queue(prefix, step, header, text)
         self._report(step, found)
         self._to_sinks(step, found)
         if self.on_step is not None:
@@ -268,36 +251,9 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - reported; one output's bug never stops the others
                 report_internal_error(f"monitor sink {getattr(sink, '__name__', type(sink).__name__)}", exc)
 
-    def _block(self, step: int, block: Block, values: list[float], found: list[Anomaly]) -> None:
-        width, prefix, stats, judge = len(block.stats), block.prefix, block.stats, self.detector.judge
-        keep = self._step_values.append if self._keep else None
-        for i, (name, micro, _, _) in enumerate(block.rows):
-            row = values[i * width:(i + 1) * width]
-            for stat, value in zip(stats, row):
-                if keep is not None:
-                    keep((prefix, name, micro, stat, value))
-                if stat != "id":
-                    verdict = judge((prefix, name, micro, stat), value, stat)
-                    if verdict is not None:
-                        found.append(Anomaly(step, prefix, name, micro, stat, value, verdict.baseline, verdict.rule,
-                                             verdict.score))
-        if self.folder is None:
-            return
-        cached = self._static.get(prefix)
-        if cached is None or cached[0] is not block.rows:  # the rows' fixed cells, formatted once
-            tail = prefix not in ("update_ratio", "scalars")
-            cached = self._static[prefix] = (block.rows, [
-                ("0," + _cell(name) + ",", ("," + str(micro) if is_micro(prefix) else "") + ",",
-                 ("," + _cell(shape) + "," + _cell(dtype) if tail else "") + "\n")
-                for name, micro, shape, dtype in block.rows])
-        number, text = self._number, str(step)
-        lines = self._lines.setdefault((prefix, stats), [])
-        for i, (head, middle, end) in enumerate(cached[1]):
-            lines.append(head + text + middle + ",".join([number(v) for v in values[i * width:(i + 1) * width]])
-                         + end)
-
     def _row(self, prefix: str, step: int, name: str, micro: int | None, values: list[float], stats: tuple[str, ...],
              shape: str, dtype: str, found: list[Anomaly]) -> None:
+        """One row outside a packet's plan (a loss from ``obs.scalar``): judged, kept for the sinks, queued."""
         for stat, value in zip(stats, values):
             if self._keep:
                 self._step_values.append((prefix, name, micro, stat, value))
@@ -309,46 +265,48 @@ class Worker:
                                      verdict.score))
         if self.folder is None:
             return
-        key = (prefix, stats)
-        lines = self._lines.get(key)
-        if lines is None:
-            lines = self._lines[key] = []
-        cells = ["0", _cell(name), str(step)] + ([str(micro)] if is_micro(prefix) else [])
-        cells += [self._number(v) for v in values]
+        cells = ["0", cell(name), str(step)] + ([str(micro)] if is_micro(prefix) else [])
+        cells += [format(v, f".{self.ndigits}g") for v in values]
         if prefix not in ("update_ratio", "scalars"):
-            cells += [_cell(shape), _cell(dtype)]
-        lines.append(",".join(cells) + "\n")
+            cells += [cell(shape), cell(dtype)]
+        self._queue(prefix, step, columns(prefix, list(stats)), ",".join(cells) + "\n")
 
-    def _flush_lines(self, step: int) -> None:
-        """A step's rows: one write per file."""
-        for (prefix, stats), lines in self._lines.items():
-            if lines:
-                self._write(prefix, step, columns(prefix, list(stats)), "".join(lines))
-        self._lines.clear()
-
-    def _number(self, value: float) -> str:
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return format(value, f".{self.ndigits}g")
-
-    def _write(self, prefix: str, step: int, header: list[str], line: str) -> None:
-        assert self.folder is not None
+    def _queue(self, prefix: str, step: int, header: list[str], text: str) -> None:
+        """Rows for ``prefix``'s file of ``step``: written with the rest of the drain's (:meth:`_write_queued`)."""
         start = step - step % self.per_file
+        queued = self._queued.get(prefix)
+        if queued is not None and queued[0] != start:  # the next file of the series: this one's rows first
+            self._write(prefix, *queued)
+            queued = None
+        if queued is None:
+            self._queued[prefix] = (start, header, [text])
+        else:
+            queued[2].append(text)
+
+    def _write_queued(self) -> None:
+        """One write per file for everything the drain queued."""
+        queued, self._queued = self._queued, {}
+        for prefix, (start, header, texts) in queued.items():
+            try:
+                self._write(prefix, start, header, texts)
+            except OSError as exc:  # reported; the other files and the next drain go on
+                report_internal_error(f"monitor CSV {prefix}", exc)
+
+    def _write(self, prefix: str, start: int, header: list[str], texts: list[str]) -> None:
+        assert self.folder is not None
         have = self._files.get(prefix)
         if have is None or have[0] != start:
             if have is not None:
                 os.close(have[1])
+                del self._files[prefix]
             path = os.path.join(self.folder, f"{prefix}_{start}-{start + self.per_file - 1}.csv")
             if os.path.lexists(path):
                 fd = safe_files.open_append(path, what="monitor CSV file")
             else:
                 fd = safe_files.create_file(path, append=True, folder_ready=True)
                 os.write(fd, (",".join(header) + "\n").encode())
-            self._files[prefix] = (start, fd)
-            have = self._files[prefix]
-        os.write(have[1], line.encode())
+            have = self._files[prefix] = (start, fd)
+        os.write(have[1], "".join(texts).encode())
 
     def _report(self, step: int, found: list[Anomaly]) -> None:
         if not found:

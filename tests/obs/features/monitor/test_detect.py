@@ -1,10 +1,13 @@
-"""The anomaly rules: the robust default (both directions, warm-up ignored) and msprobe's two rules."""
+"""The anomaly rules: the robust default (both directions, warm-up ignored), its native bank, msprobe's two rules."""
 
 from __future__ import annotations
 
 import math
+import random
 
-from obs.features.monitor.detect import Detector, NanRule, Robust, Turbulence, rules_from
+import pytest
+
+from obs.features.monitor.detect import EXTENSION, Detector, NanRule, Robust, Turbulence, rules_from
 
 
 def _feed(rule, values, stat="norm"):
@@ -55,3 +58,48 @@ def test_the_detector_keeps_a_state_per_series_and_names_the_first_rule():
         assert detector.judge("a", 1.0, "norm") is None
     assert detector.judge("b", math.nan, "norm").rule == "AnomalyNan"  # no history yet: only msprobe's rule
     assert detector.judge("a", math.nan, "norm").rule == "robust"
+
+
+def _series(seed: int, steps: int, count: int) -> list[list[float]]:
+    """Steps of ``count`` series: noise with rare jumps, NaNs and infinities, and series of repeated values (ties)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(steps):
+        row = []
+        for k in range(count):
+            u = rng.random()
+            v = rng.choice([1.0, 2.0, 2.0, 3.0]) if k % 3 == 0 else rng.gauss(5, 1) * (100 if u < 0.02 else 1)
+            row.append(math.nan if u > 0.995 else math.inf if u > 0.99 else -math.inf if u > 0.987 else v)
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("window,warmup,threshold", [(50, 20, 10.0), (5, 0, 3.0), (4, 2, 1.0), (3, 0, 0.5)])
+def test_the_native_bank_judges_exactly_as_the_python_rule(window, warmup, threshold):
+    """The worker's C rule (``_robust.c``) against the reference: the same verdicts, baselines and scores, bit for
+    bit, with series judged in any order in one call."""
+    if EXTENSION.load() is None:
+        pytest.skip("the C extension obs.features.monitor._robust is not built")
+    native = Detector([Robust(window, warmup, threshold)])
+    python = Detector([Robust(window, warmup, threshold)], native=False)
+    assert native._bank is not None and python._bank is None
+    keys = [("grad_reduced", f"layer{k}", None, "norm") for k in range(9)]
+    order = list(range(9))
+    rng = random.Random(7)
+    flagged = 0
+    for row in _series(window, 400, 9):
+        rng.shuffle(order)
+        args = [keys[k] for k in order], [row[k] for k in order], ["norm"] * 9
+        got = native.judge_many(native.indices(args[0]), args[1], args[2])
+        want = python.judge_many(python.indices(args[0]), args[1], args[2])
+        assert got == want
+        flagged += len(want)
+    assert flagged > 0
+
+
+def test_a_detector_of_msprobes_rules_keeps_them_in_python():
+    detector = Detector(rules_from(10, 3, 10.0, {"rules": [{"rule_name": "AnomalyTurbulence",
+                                                             "args": {"threshold": 0.5}}]}))
+    assert detector._bank is None
+    found = detector.judge_many(detector.indices(["a", "b"]), [1.0, math.nan], ["norm", "norm"])
+    assert found == []  # no history yet: the robust rule waits, Turbulence skips a NaN
