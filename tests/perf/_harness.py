@@ -58,12 +58,17 @@ def cnn() -> Workload:
     return Workload("cnn", step, 12)
 
 
-def measure_rounds(workload: Workload, variants: dict[str, Setup], rounds: int, settle: int = 1
+def measure_rounds(workload: Workload, variants: dict[str, Setup], rounds: int, settle: int = 1,
+                   finish: Callable[[], None] | None = None, means: dict[str, list[float]] | None = None
                    ) -> dict[str, list[float]]:
     """Per variant, the median step time (ms) of each round; variants rotate order every round to spread drift.
 
     ``settle`` untimed steps follow each switch, for every variant: what a variant's start costs once (cold
-    caches, first pages of a new ring) is not a per-step cost, and a round re-creates it."""
+    caches, first pages of a new ring) is not a per-step cost, and a round re-creates it.
+
+    ``means``, when given, gets each round's mean step time, ``finish()`` (called after the round's last step, for
+    every variant) timed with it: the work a variant hands to a thread of its own (on the same pinned core), which a
+    median leaves out when it lands on a few steps of the round, and which ``finish`` waits for."""
     samples: dict[str, list[list[float]]] = {name: [] for name in variants}
     names = list(variants)
     for _ in range(3):
@@ -80,6 +85,12 @@ def measure_rounds(workload: Workload, variants: dict[str, Setup], rounds: int, 
                     t0 = time.perf_counter_ns()
                     workload.step()
                     times.append((time.perf_counter_ns() - t0) / 1e6)
+                if means is not None:
+                    t0 = time.perf_counter_ns()
+                    if finish is not None:
+                        finish()
+                    means.setdefault(name, []).append((sum(times) + (time.perf_counter_ns() - t0) / 1e6)
+                                                      / len(times))
             finally:
                 teardown()
             samples[name].append(times)

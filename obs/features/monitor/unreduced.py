@@ -36,6 +36,7 @@ class Unreduced:
         self._handles: list[Any] = []
         self._params: list[torch.Tensor] = []
         self._stats: dict[int, torch.Tensor] = {}
+        self._rows: tuple[Any, ...] = ()
         collector.extras.append(self)
 
     def __call__(self, opt: Any, step: int) -> tuple[Block, torch.Tensor] | None:
@@ -57,7 +58,9 @@ class Unreduced:
         self._stats = {}
         if not rows:
             return None
-        return Block("grad_unreduced", tuple(rows), plan.value_ops), torch.cat(values)
+        if tuple(rows) != self._rows:  # else the step before's tuple: the worker knows a step's layout by it
+            self._rows = tuple(rows)
+        return Block("grad_unreduced", self._rows, plan.value_ops), torch.cat(values)
 
     def _install(self, opt: Any) -> None:
         dist = torch.distributed

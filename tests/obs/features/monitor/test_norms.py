@@ -113,6 +113,12 @@ def test_activation_norms_native_and_torch(native_path):
     expected = [torch.linalg.vector_norm(t.float()).item() for t in (x, half, x, x)]
     assert values == pytest.approx(expected, rel=1e-5)
     assert acts.take(NORM) is None
+    acts.record("fc", (x,), half)
+    acts.record("fc", (x.t(),), x)
+    again, _ = acts.take(NORM)
+    assert again.rows is block.rows  # the same calls: the same tuple, by which the worker knows the layout
+    acts.record("fc", (x,), half)
+    assert acts.take(NORM)[0].rows == block.rows[:2]
 
 
 class _Event:
