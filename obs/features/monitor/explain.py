@@ -3,8 +3,9 @@
 :func:`explain` runs the run's own rules (``monitor.json``'s settings, else the defaults) over every series, the
 same ones the worker ran while training, and orders the anomalies causally: by step; within a step forward (in
 module order, the loss at its end), then backward (in reverse module order, the global gradient norm at its end),
-then the optimizer (in the optimizer's parameter order).  The first of them is the series that left its history
-first.  :func:`movers` picks the series that moved most and lays out their values per step.
+then the collectives (``cc``, by call), then the optimizer (in the optimizer's parameter order).  The first of them
+is the series that left its history first.  :func:`movers` picks the series that moved most and lays out their
+values per step.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from obs.settings.monitor_options import MONITOR_OPTIONS
 __all__ = ["Explanation", "Finding", "Mover", "Movers", "explain", "findings", "loss_after", "movers", "rules_of",
            "scores"]
 
-_STAGE = {"forward": 0, "backward": 1, "optimizer": 2}
-_SERIES = {"actv": 0, "grad_unreduced": 1, "grad_reduced": 2, "exp_avg": 3, "exp_avg_sq": 4, "update_ratio": 5,
-           "param_update": 6}
+_STAGE = {"forward": 0, "backward": 1, "communication": 2, "optimizer": 3}
+_SERIES = {"actv": 0, "grad_unreduced": 1, "grad_reduced": 2, "other": 3, "exp_avg": 4, "exp_avg_sq": 5,
+           "update_ratio": 6, "param_update": 7}
 _END = 1 << 30
 
 
@@ -100,6 +101,8 @@ def _order(run: MonitorRun) -> Any:
             pos = place(module_of(series), modules)
         elif f.stage == "backward":
             pos = -place(module_of(series), modules)
+        elif f.stage == "communication":  # the collectives: by call within the step (micro_step), then name
+            pos = 0
         else:
             pos = place(series.name, params)
         side = 1 if ".output" in series.name else 0

@@ -231,7 +231,7 @@ class Worker:
             tables[block.prefix] = (block, values[at:at + block.size])
             at += block.size
         step, found = packet.step, []
-        for prefix in ("actv", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq", "param_update"):
+        for prefix in ("actv", "grad_unreduced", "grad_reduced", "other", "exp_avg", "exp_avg_sq", "param_update"):
             if prefix in tables:
                 self._block(step, *tables[prefix], found)
         if "grad_reduced" not in tables and "_gnorm" in tables:
