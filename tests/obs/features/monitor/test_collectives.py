@@ -190,14 +190,30 @@ def test_msprobes_example_configs_are_accepted(tmp_path, caplog):
 
 def test_a_collectives_spike_is_explained_after_backward_and_before_the_optimizer(tmp_path):
     """The all_gather's value ×1e3 at step 24: the first anomaly is kind cc, stage communication, at 24 in explain
-    --json; show names it; the plot has its collectives heatmap; the TensorBoard tag is msprobe's."""
+    --json, of the run and of an RDR bundle (the recorder on, its own collective wrappers with the monitor's); show
+    names it; the plot has its collectives heatmap; the TensorBoard tag is msprobe's; at the end torch's own
+    functions are back."""
     from obs.features.monitor.explain import _STAGE
+    from recorder.bundle_reader import load_bundle
 
-    obs.set_context(env_config_path=str(_config(tmp_path, enable=True, cc_distribution={"enable": True})))
-    _train(30, spike=24)
+    before = _originals()
+    path = tmp_path / "obs.json"
+    path.write_text(json.dumps({"monitor": {"enable": True, "path": str(tmp_path / "out"),
+                                            "cc_distribution": {"enable": True}},
+                                "rdr": {"enable": True, "path": str(tmp_path / "rdr"), "granularity": "step"}}))
+    obs.set_context(env_config_path=str(path))
+    losses = _train(30, spike=24)
     folder = feature.monitor.folder
     assert feature.monitor.flush(TIMEOUT)
+    bundle = obs.rdr.dump("check")
     obs.reset_context()
+    assert _originals() == before
+    assert losses == _train(30, spike=24)
+    markers = [e for e in load_bundle(bundle).events({"marker"}) if e.get("marker") == "anomaly"]
+    assert markers and (markers[0]["monitor_step"], markers[0]["monitor_kind"]) == (24, "cc")
+    result = obs_cli("monitor", "explain", bundle, "--json")
+    assert result.returncode == 1, result.stderr
+    assert json.loads(result.stdout)["first"]["kind"] == "cc"
     result = obs_cli("monitor", "explain", folder, "--json")
     assert result.returncode == 1, result.stderr
     doc = json.loads(result.stdout)
