@@ -6,12 +6,17 @@ While ``cc_distribution.enable`` is on, the collectives of msprobe's ``distribut
 msprobe wraps them; :meth:`Collectives.remove` puts the originals back (nothing is patched while off).  Each call of
 a collected step (the monitor's ``start_step``/``step_interval``/``collect_times``) whose call site matches
 ``cc_codeline`` records, for each of its tensor arguments (a list of tensors, or of ``P2POp``, counts as one, as
-msprobe stacks it), the statistics of ``ops``: before the call with ``cc_pre_hook`` (rows ``{op}/pre_{i}``) and
-after it (``{op}/post_{i}``), ``i`` the argument's place among the call's tensor arguments, as msprobe's tags.
+msprobe stacks it), the statistics of ``ops``: before the call with ``cc_pre_hook`` (rows ``{op}/pre_{i}``; not of
+an argument that only receives, such as all_gather's output list, whose memory is not yet written: msprobe measures
+it too) and after it (``{op}/post_{i}``), ``i`` the argument's place among the call's tensor arguments in the
+function's parameter order, as msprobe's tags.
 Rows go into msprobe's ``other`` file with a ``micro_step`` column: the op's call within the step (msprobe sums
 them into one row per op, which hides which call moved).  An ``async_op=True`` call's ``post`` rows are taken when
 its work is waited (``Work.wait`` is wrapped while on, as msprobe does); a work not waited by the step's optimizer
 step has no ``post`` rows.
+
+A collective traced by ``torch.compile`` (Dynamo) is left to it: the wrapper calls torch's own function first thing
+while compiling, so the graphs are those without obs, and such a call has no rows.
 
 The statistics are torch ops on the tensors' own device (no host read: the step's values travel with the others',
 :mod:`obs.features.monitor.batch`), under ``torch.no_grad()`` with obs's hooks suppressed, on the caller's stream
@@ -30,6 +35,7 @@ not see them either); the reduced gradients are the monitor's ``grad_reduced`` r
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import os
@@ -39,6 +45,7 @@ import threading
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 from torch.optim import optimizer as torch_optimizer
 
 from obs._core import safe_files
@@ -55,6 +62,12 @@ logger = logging.getLogger("obs")
 OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "broadcast", "all_reduce", "reduce", "scatter",
        "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "all_gather", "gather", "_all_gather_base",
        "all_gather_into_tensor", "all_to_all", "all_to_all_single")
+#: each op's arguments that only receive (uninitialised memory before the call): no pre rows
+_OUTPUT_ONLY = {"recv": {"tensor"}, "irecv": {"tensor"}, "scatter": {"tensor"}, "reduce_scatter": {"output"},
+                "_reduce_scatter_base": {"output"}, "reduce_scatter_tensor": {"output"}, "all_gather": {"tensor_list"},
+                "gather": {"gather_list"}, "_all_gather_base": {"output_tensor"},
+                "all_gather_into_tensor": {"output_tensor"}, "all_to_all": {"output_tensor_list"},
+                "all_to_all_single": {"output"}}
 PREFIX = "other"  #: msprobe's file of the collectives' rows
 LOG_FILE = "cc_log.json"
 #: msprobe's stack_blacklist.yaml, with obs's own wrappers in place of msprobe's
@@ -77,19 +90,25 @@ def call_stack() -> list[str]:
     return out
 
 
-def _tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor | list[torch.Tensor]]:
-    """The call's tensor arguments in msprobe's order (positional, then keyword): a tensor, or a list of them."""
+def _tensor_args(params: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The call's tensor arguments (a tensor, or a list of them), each with its parameter's name, in the function's
+    parameter order (msprobe's order for a call by position: positional, then keyword; by keyword, the same places)."""
     import torch.distributed as dist
 
-    out: list[torch.Tensor | list[torch.Tensor]] = []
-    for arg in (*args, *kwargs.values()):
+    if params and len(args) <= len(params):
+        named = {**dict(zip(params, args)), **kwargs}
+        given = [(p, named[p]) for p in params if p in named] + [(k, v) for k, v in kwargs.items() if k not in params]
+    else:
+        given = [("", a) for a in args] + list(kwargs.items())
+    out: list[tuple[str, Any]] = []
+    for name, arg in given:
         if isinstance(arg, torch.Tensor):
-            out.append(arg)
+            out.append((name, arg))
         elif isinstance(arg, (list, tuple)) and arg:
             if all(isinstance(a, torch.Tensor) for a in arg):
-                out.append(list(arg))
+                out.append((name, list(arg)))
             elif all(isinstance(a, dist.P2POp) for a in arg):
-                out.append([a.tensor for a in arg])
+                out.append((name, [a.tensor for a in arg]))
     return out
 
 
@@ -130,6 +149,7 @@ class Collectives:
         self._pending: dict[Any, tuple[str, int, list[Any]]] = {}
         self._inside = threading.local()
         self._wrapped: dict[str, tuple[Any, Any]] = {}  # name -> (original, wrapper)
+        self._params: dict[str, tuple[str, ...]] = {}  # name -> its parameters' names
         self._wait: tuple[Any, Any] | None = None
         self._install()
         collector.extras.append(self)
@@ -180,9 +200,15 @@ class Collectives:
     # -- the wrappers ---------------------------------------------------------------------------------
     def _wrap(self, name: str, original: Any) -> Any:
         me, inside = self, self._inside
+        try:
+            self._params[name] = tuple(inspect.signature(original).parameters)
+        except (TypeError, ValueError):  # no signature: msprobe's order, positional then keyword
+            self._params[name] = ()
 
         @functools.wraps(original)
         def obs_monitor_cc(*args: Any, **kwargs: Any) -> Any:
+            if is_compiling():  # traced by Dynamo: torch's own collective, the graph as without obs
+                return original(*args, **kwargs)
             if not me.active or getattr(inside, "depth", 0):  # off, or called by another wrapped collective
                 return original(*args, **kwargs)
             call = None
@@ -210,7 +236,7 @@ class Collectives:
         @functools.wraps(original)
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             out = original(work, *args, **kwargs)
-            if pending:
+            if pending and not is_compiling():
                 got = pending.pop(work, None)
                 if got is not None:
                     try:
@@ -241,11 +267,11 @@ class Collectives:
         call = self.calls.get(name, 0)
         self.calls[name] = call + 1
         if self.pre:
-            self._record(name, call, "pre", _tensor_args(args, kwargs))
+            self._record(name, call, "pre", _tensor_args(self._params[name], args, kwargs), _OUTPUT_ONLY.get(name))
         return call
 
     def _after(self, name: str, call: int, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-        tensors = _tensor_args(args, kwargs)
+        tensors = _tensor_args(self._params[name], args, kwargs)
         if result is None:
             self._record(name, call, "post", tensors)
             return
@@ -259,11 +285,14 @@ class Collectives:
         if self.active:
             self._record(name, call, "post", tensors)
 
-    def _record(self, name: str, call: int, side: str, tensors: list[Any]) -> None:
+    def _record(self, name: str, call: int, side: str, tensors: list[tuple[str, Any]],
+                skip: set[str] | None = None) -> None:
         if not tensors:
             return
         with torch.no_grad(), suppressed():
-            for i, arg in enumerate(tensors):
+            for i, (param, arg) in enumerate(tensors):
+                if skip is not None and param in skip:
+                    continue
                 t, shape, dtype = _described(arg)
                 self.rows.append((f"{name}/{side}_{i}", call, shape, dtype))
                 self.parts.append(stats(t, self.ops, self.eps))

@@ -105,7 +105,7 @@ def _order(run: MonitorRun) -> Any:
             pos = 0
         else:
             pos = place(series.name, params)
-        side = 1 if ".output" in series.name else 0
+        side = 1 if ".output" in series.name or "/post_" in series.name else 0  # a collective's after its before
         return (f.step, stage, pos, _SERIES.get(series.prefix, 9), side, f.micro_step or 0, series.name, f.stat)
 
     return key

@@ -1,6 +1,8 @@
 """One rank of the 2-rank DDP job of test_ranks.py (gloo, CPU): a small MLP trained STEPS steps with Adam, each rank
 on its own data shard, rank 1's batch scaled x1000 at step BAD.  It trains once with the monitor (activations of the
-first layers on), then once without it, and writes each run's losses to ``{out}/losses_{rank}.json``.
+first layers on), then once without it, and writes each run's losses to ``{out}/losses_{rank}.json``.  Each step
+all_reduces its loss (summed over the ranks, as a script does for its log) through the Python API: the monitor's
+collectives (``cc``).
 
 Rank 0 is started as torchrun starts its workers (``RANK`` and ``WORLD_SIZE`` in the environment), rank 1 as
 ``torch.multiprocessing.spawn`` does (nothing: its monitor starts before ``init_process_group`` without knowing its
@@ -39,6 +41,8 @@ def train(rank: int) -> list[float]:
             x = x * 1e3  # the bad shard
         loss = nn.functional.mse_loss(ddp(x), x @ w)
         loss.backward()
+        total = loss.detach().clone()
+        dist.all_reduce(total)  # the job's loss, summed over the ranks, for a log: a Python collective (cc)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())

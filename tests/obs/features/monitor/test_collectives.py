@@ -60,7 +60,8 @@ def _train(steps, spike=None):
             mean = loss.detach().clone()
             dist.all_reduce(mean, async_op=True).wait()
             gathered = [torch.empty(3)]
-            dist.all_gather(gathered, torch.tensor([1.0, 2.0, 3.0 + s % 3]) * (1e3 if s == spike else 1.0))
+            value = torch.tensor([1.0, 2.0, 3.0 + s % 3]) * (1e3 if s == spike else 1.0)
+            dist.all_gather(gathered, value) if s % 2 else dist.all_gather(tensor=value, tensor_list=gathered)
             opt.step()
             opt.zero_grad()
             losses.append(mean.item())
@@ -86,9 +87,10 @@ def _reference(t, ops):
 
 
 def test_per_call_statistics_in_msprobes_other_file_and_the_same_losses(tmp_path):
-    """Every call of a step: pre and post rows of each tensor argument, the call within the step as micro_step, the
-    async all_reduce's post taken at its wait; the values are those of the tensors; the losses are those without
-    the monitor, bit for bit."""
+    """Every call of a step: pre and post rows of each tensor argument (no pre row of all_gather's output list: it is
+    not written yet), named by the argument's place in the signature whether given by position or keyword, the call
+    within the step as micro_step, the async all_reduce's post taken at its wait; the values are those of the
+    tensors; the losses are those without the monitor, bit for bit."""
     plain = _train(3)
     obs.set_context(env_config_path=str(_config(tmp_path, enable=True, ops=OPS_ALL,
                                                  cc_distribution={"enable": True, "cc_pre_hook": True})))
@@ -99,17 +101,17 @@ def test_per_call_statistics_in_msprobes_other_file_and_the_same_losses(tmp_path
     assert {(s.kind, s.stage) for s in cc} == {("cc", "communication")}
     keys = {(s.name, s.micro) for s in cc}
     assert keys == {(f"all_reduce/{side}_0", call) for side in ("pre", "post") for call in range(5)} | {
-        (f"all_gather/{side}_{i}", 0) for side in ("pre", "post") for i in (0, 1)}
+        ("all_gather/pre_1", 0), ("all_gather/post_0", 0), ("all_gather/post_1", 0)}
     assert all(s.steps == (0, 1, 2) for s in cc)
     with open(feature.monitor.folder + "/other_0-99.csv") as fh:
         lines = fh.read().splitlines()
     assert lines[0] == "vpp_stage,name,step,micro_step," + ",".join(OPS_ALL) + ",shape,dtype"
     # step 2's all_gather: its input (argument 1) and its output list (argument 0, one tensor of 3), after the call
     by = {(s.name, s.micro, s.stat): dict(zip(s.steps, s.values)) for s in cc}
-    want = _reference(torch.tensor([1.0, 2.0, 5.0]), OPS_ALL)
-    for i in (0, 1):
-        got = [by[(f"all_gather/post_{i}", 0, op)][2] for op in OPS_ALL]
-        assert got == pytest.approx(want, rel=1e-5)
+    for step, last in ((1, 4.0), (2, 5.0)):  # by position, by keyword
+        want = _reference(torch.tensor([1.0, 2.0, last]), OPS_ALL)
+        for row in ("all_gather/post_0", "all_gather/post_1", "all_gather/pre_1"):
+            assert [by[(row, 0, op)][step] for op in OPS_ALL] == pytest.approx(want, rel=1e-5)
     assert any('all_gather/post_0,2,0,' in line and '"[1, 3]",torch.float32' in line for line in lines)
     # the loss's async all_reduce (call 4 of the step) after its wait: the loss itself (world size 1)
     assert [by[("all_reduce/post_0", 4, "max")][s] for s in range(3)] == pytest.approx(plain, rel=1e-6)
@@ -182,7 +184,7 @@ def test_msprobes_example_configs_are_accepted(tmp_path, caplog):
         logged = json.load(fh)
     assert sorted(logged) == ["all_gather", "all_reduce"]
     gather = logged["all_gather"]
-    assert len(gather) == 1 and gather[0][:2] == ["|torch.float32", "0"]
+    assert len(gather) == 1 and gather[0][:2] == ["torch.float32|", "0"]  # step 0's by keyword: tensor, tensor_list
     assert "test_collectives.py[" in gather[0][2] and gather[0][2].endswith("   _train")
     assert {e[0] for e in logged["all_reduce"]} == {"torch.float32", "torch.float32|"}  # sync; async (async_op)
     assert "cc_log_only: 2 collective(s) at 3 call site(s)" in caplog.text
@@ -234,3 +236,36 @@ def test_a_collectives_spike_is_explained_after_backward_and_before_the_optimize
     assert any(h.prefix == "other" and h.title.startswith("collectives") for h in plot.heatmaps)
     assert tag_of("other", "all_reduce/post_0", 0, "norm", 3) == "all_reduce/rank3/post_0_norm"
     assert tag_of("other", "all_reduce/pre_1", 2, "max", None) == "all_reduce.call2/pre_1_max"
+
+
+def _compiled_counters():
+    """Dynamo's counters of a compiled function that all_reduces, run 3 steps (backend eager)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    def double_and_reduce(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    compiled = torch.compile(double_and_reduce, backend="eager")
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        compiled(model(torch.randn(2, 4))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    got = {"stats": dict(counters["stats"]), "graph_break": dict(counters["graph_break"])}
+    torch._dynamo.reset()
+    return got
+
+
+def test_a_compiled_collective_compiles_as_without_the_monitor(tmp_path):
+    """A collective traced by Dynamo is torch's own: the same graphs, no graph break, with cc on."""
+    plain = _compiled_counters()
+    obs.set_context(env_config_path=str(_config(tmp_path, enable=True, cc_distribution={"enable": True,
+                                                                                         "cc_pre_hook": True})))
+    assert _compiled_counters() == plain
+    assert plain["stats"]["unique_graphs"] == 1 and not plain["graph_break"]
