@@ -323,9 +323,10 @@ class Collectives:
         if rows == self._last_rows:  # the same calls as the step before: the writer's formatted rows are kept
             rows = self._last_rows
         self._last_rows = rows
-        with torch.no_grad(), suppressed():
-            device = parts[0].device
-            values = torch.cat([p if p.device == device else p.to(device) for p in parts])
+        with torch.no_grad(), suppressed():  # one device's vector (a CPU part pinned first: no host wait)
+            device = next((p.device for p in parts if p.device.type != "cpu"), parts[0].device)
+            values = torch.cat([p if p.device == device else p.pin_memory().to(device, non_blocking=True)
+                                if p.device.type == "cpu" else p.to(device) for p in parts])
         return Block(PREFIX, rows, self.ops), values
 
     def _post_step(self, opt: Any, args: Any, kwargs: Any) -> None:

@@ -102,7 +102,7 @@ def _order(run: MonitorRun) -> Any:
         elif f.stage == "backward":
             pos = -place(module_of(series), modules)
         elif f.stage == "communication":  # the collectives: by call within the step (micro_step), then name
-            pos = 0
+            pos = f.micro_step or 0
         else:
             pos = place(series.name, params)
         side = 1 if ".output" in series.name or "/post_" in series.name else 0  # a collective's after its before
@@ -186,6 +186,7 @@ class Mover:
     score: float
     peak_step: int
     rank: int | None = None
+    micro_step: int | None = None  #: a module's or a collective's call within the step
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ def movers(run: MonitorRun, *, top: int = 6, step: int | None = None, rows: int 
     scored = scores(run)
     scored.sort(key=lambda item: (-item[0], item[1].name))
     chosen = scored[:top]
-    picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank) for score, s, at in chosen]
+    picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank, s.micro) for score, s, at in chosen]
     all_steps = run.steps
     if not chosen or not all_steps:
         return Movers(run.folder, picked, [], [])

@@ -265,7 +265,7 @@ def job_movers(job: Job, runs: list[MonitorRun], *, top: int = 6, step: int | No
     scored = [(score, run, series, at) for run in runs for score, series, at in scores(run)]
     scored.sort(key=lambda item: (-item[0], item[2].name, _rank_key(item[1].rank)))
     chosen = scored[:top]
-    picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank) for score, run, s, at in chosen]
+    picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank, s.micro) for score, run, s, at in chosen]
     all_steps = sorted({s for run in runs for s in run.steps})
     if not chosen or not all_steps:
         return Movers(job.root, picked, [], [])

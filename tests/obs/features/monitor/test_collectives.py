@@ -227,7 +227,8 @@ def test_a_collectives_spike_is_explained_after_backward_and_before_the_optimize
     result = obs_cli("monitor", "show", folder, "--json", "--top", "2")
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
-    assert shown["series"][0]["kind"] == "cc" and shown["series"][0]["peak_step"] == 24
+    top = shown["series"][0]
+    assert (top["kind"], top["peak_step"], top["micro_step"]) == ("cc", 24, 0)
     from obs.features.monitor.explain import explain
     from obs.features.monitor.plot import build_plot
 
