@@ -128,6 +128,52 @@ def _described(arg: torch.Tensor | list[torch.Tensor]) -> tuple[torch.Tensor, st
     return t, shape, dtype
 
 
+def _chain(function: Any) -> list[Any]:
+    """``function`` and the functions it wraps (``__wrapped__``, as functools.wraps sets it)."""
+    out = []
+    while function is not None and len(out) < 8:
+        out.append(function)
+        function = getattr(function, "__wrapped__", None)
+    return out
+
+
+class _Peer:
+    """isend or irecv wrapped, as torch's P2POp needs it: equal to the function it wraps (a P2POp's op is checked
+    against ``c10d.isend``/``irecv`` by equality when it is made: one made with a function imported before the
+    monitor started passes), and a peer given under the other's key taken as its own (``batch_isend_irecv`` picks
+    the key by identity with ``c10d.isend``: a P2POp made while this was in place, used after, passes its peer as
+    ``group_src``)."""
+
+    def __init__(self, name: str, wrapper: Any, original: Any) -> None:
+        functools.update_wrapper(self, original)
+        self._call, self._original = wrapper, original
+        self._keys = ("group_src", "group_dst") if name == "isend" else ("group_dst", "group_src")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        wrong, right = self._keys
+        if wrong in kwargs and right not in kwargs:
+            kwargs[right] = kwargs.pop(wrong)
+        return self._call(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or any(other is f for f in _chain(self._original))
+
+    def __hash__(self) -> int:
+        return hash(self._original)
+
+
+def _same_ops(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A P2POp made with a function equal to this module's isend/irecv (one imported before they were wrapped) gets
+    them: ``batch_isend_irecv`` tells isends from irecvs by identity."""
+    from torch.distributed import distributed_c10d as c10d
+
+    current = [c10d.isend, c10d.irecv]
+    for op in (args[0] if args else kwargs.get("p2p_op_list")) or ():
+        for function in current:
+            if getattr(op, "op", None) is not function and function == getattr(op, "op", None):
+                op.op = function
+
+
 class Collectives:
     """The wrappers of one monitor run; the collector's extra block of each step (:meth:`__call__`)."""
 
@@ -146,6 +192,9 @@ class Collectives:
         self.parts: list[torch.Tensor] = []
         self.calls: dict[str, int] = {}
         self._last_rows: tuple[Row, ...] = ()
+        #: the ops in the order of their first recorded call: monitor.json's ``collectives`` (explain's order)
+        self.order: dict[str, None] = {}
+        self._new_order = False
         self._pending: dict[Any, tuple[str, int, list[Any]]] = {}
         self._inside = threading.local()
         self._wrapped: dict[str, tuple[Any, Any]] = {}  # name -> (original, wrapper)
@@ -169,6 +218,8 @@ class Collectives:
             if original is None:
                 continue
             wrapper = self._wrap(name, original)
+            if name in ("isend", "irecv"):
+                wrapper = _Peer(name, wrapper, original)
             self._wrapped[name] = (original, wrapper)
             setattr(c10d, name, wrapper)
             if getattr(dist, name, None) is original:
@@ -211,6 +262,8 @@ class Collectives:
                 return original(*args, **kwargs)
             if not me.active or getattr(inside, "depth", 0):  # off, or called by another wrapped collective
                 return original(*args, **kwargs)
+            if name == "batch_isend_irecv":
+                _same_ops(args, kwargs)
             call = None
             try:
                 call = me._before(name, args, kwargs)
@@ -266,6 +319,9 @@ class Collectives:
                 return None
         call = self.calls.get(name, 0)
         self.calls[name] = call + 1
+        if name not in self.order:
+            self.order[name] = None
+            self._new_order = True
         if self.pre:
             self._record(name, call, "pre", _tensor_args(self._params[name], args, kwargs), _OUTPUT_ONLY.get(name))
         return call
@@ -318,6 +374,10 @@ class Collectives:
             return None
         rows, parts = tuple(self.rows), self.parts
         self.rows, self.parts, self.calls = [], [], {}
+        if self._new_order:  # monitor.json written again with the step's packet (the collector's, or ours)
+            self._new_order = False
+            self.collector.meta["collectives"] = list(self.order)
+            self.collector._meta_sent = (-1, -1)
         self._pending.clear()  # a work not waited by now: no post rows
         self._step = -1
         if rows == self._last_rows:  # the same calls as the step before: the writer's formatted rows are kept

@@ -80,6 +80,7 @@ def _setting(run: MonitorRun, key: str) -> Any:
 def _order(run: MonitorRun) -> Any:
     modules = {name: i for i, name in enumerate(run.meta.get("modules", []) or [])}
     params = {name: i for i, name in enumerate(run.meta.get("params", []) or [])}
+    ops = {name: i for i, name in enumerate(run.meta.get("collectives", []) or [])}
     seen: dict[str, int] = {}
 
     def module_of(series: Series) -> str:
@@ -101,8 +102,8 @@ def _order(run: MonitorRun) -> Any:
             pos = place(module_of(series), modules)
         elif f.stage == "backward":
             pos = -place(module_of(series), modules)
-        elif f.stage == "communication":  # the collectives: by call within the step (micro_step), then name
-            pos = f.micro_step or 0
+        elif f.stage == "communication":  # the collectives: by call (micro_step), then op in first-call order
+            pos = (f.micro_step or 0) * 10_000 + place(series.name.partition("/")[0], ops)
         else:
             pos = place(series.name, params)
         side = 1 if ".output" in series.name or "/post_" in series.name else 0  # a collective's after its before
