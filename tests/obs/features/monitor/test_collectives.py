@@ -15,7 +15,7 @@ from torch.distributed import distributed_c10d as c10d
 
 import obs
 from obs.features.env_config import feature as env_feature
-from obs.features.monitor.collectives import OPS, call_stack
+from obs.features.monitor.cc_calls import OPS, call_stack
 from obs.features.monitor.feature import feature
 from obs.features.monitor.reader import read_run
 from obs.features.monitor.tensorboard import tag_of
