@@ -162,7 +162,7 @@ def test_cc_codeline_keeps_the_calls_of_matching_call_sites(tmp_path):
     assert "test_collectives.py[" in stack[0]
 
 
-def test_msprobes_example_configs_are_accepted(tmp_path, caplog):
+def test_msprobes_example_configs_are_accepted(tmp_path, caplog, capsys):
     """msprobe's cc unittest configs as config_file: module_ranks [1] leaves rank 0 alone; cc_log_only writes
     msprobe's list of each collective's call sites (dtypes, the group's ranks, the stack) once, no statistics, and
     training goes on."""
@@ -174,6 +174,10 @@ def test_msprobes_example_configs_are_accepted(tmp_path, caplog):
     assert feature.monitor is None and _originals() == before  # rank 0 is not one of module_ranks
     msprobe = tmp_path / "config_cc_logonly.json"
     msprobe.write_text(json.dumps(MSPROBE_LOGONLY))
+    from obs.cli import main
+
+    assert main(["config", "check", str(_config(tmp_path, "logonly.json", enable=True, config_file=str(msprobe)))]) == 0
+    assert "loss + the call sites of collectives (cc_log_only);" in capsys.readouterr().out
     obs.set_context(env_config_path=str(_config(tmp_path, "logonly.json", enable=True, config_file=str(msprobe))))
     caplog.set_level("INFO", logger="obs")
     losses = _train(3)
