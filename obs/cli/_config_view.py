@@ -46,6 +46,9 @@ def describe(cfg: EnvConfig) -> list[str]:
         extra = [what for key, what in (("xy_distribution", "activations"), ("wg_distribution", "every gradient "
                  "statistic"), ("ur_distribution", "every update statistic"), ("mv_distribution", "Adam's moments"))
                  if m.get(key)]
+        cc = m["cc_distribution"]
+        if cc.get("enable"):
+            extra.append("the call sites of collectives (cc_log_only)" if cc.get("cc_log_only") else "collectives")
         files = "no files (format api)" if m["format"] == "api" else f"CSV files under {output_root(m)}/"
         lines.append(f"training-health monitor ON: gradient and update norms, update ratios, loss"
                      f"{' + ' + ', '.join(extra) if extra else ''}; {files}"

@@ -71,7 +71,8 @@ def run_show(path: str, *, top: int, step: int | None, rows: int, as_json: bool)
     table.add_column("step", justify="right")
     for m in table_data.movers:
         rank = f"rank {m.rank}: " if several else ""
-        table.add_column(f"{rank}{markup_text(m.kind)} {markup_text(m.name)}\n{markup_text(m.series)}/"
+        call = f" (call {m.micro_step})" if m.micro_step else ""  # a module's or a collective's later call
+        table.add_column(f"{rank}{markup_text(m.kind)} {markup_text(m.name)}{call}\n{markup_text(m.series)}/"
                          f"{markup_text(m.stat)}", justify="right", overflow="fold")
     for s, row in zip(table_data.steps, table_data.values):
         peaks = {j for j, m in enumerate(table_data.movers) if m.peak_step == s}
@@ -111,7 +112,7 @@ def print_explanation(out: Any, found: Explanation, limit: int) -> None:
     else:
         out.print("the loss did not leave its history after it")
     table = Table(title=f"{len(found.anomalies)} anomalies in causal order (step; forward in module order, backward "
-                        "in reverse, then the optimizer)", title_justify="left")
+                        "in reverse, the collectives, then the optimizer)", title_justify="left")
     for column in ("step", "stage", "kind", "name", "series/stat", "value", "baseline", "rule"):
         table.add_column(column, justify="right" if column in ("step", "value", "baseline") else "left",
                          overflow="fold")
@@ -197,7 +198,7 @@ def _explain_job(found: JobExplanation, *, limit: int, as_json: bool) -> int:
         out.print(f"the loss left its history at step {found.loss_step}, {found.lead_steps} step(s) later")
     else:
         out.print("the loss did not leave its history after it")
-    order = "step; forward in module order, backward in reverse, then the optimizer"
+    order = "step; forward in module order, backward in reverse, the collectives, then the optimizer"
     table = Table(title=f"{len(found.anomalies)} anomalies in causal order ({order}{'; then rank' if several else ''})",
                   title_justify="left")
     columns = ("step", "rank", "stage", "kind", "name", "series/stat", "value", "baseline", "rule")

@@ -207,8 +207,9 @@ MONITOR_OPTIONS = OptionTable("monitor", [
            "exp_avg_sq)."),
     Option("ur_distribution", Bool(), False, "Every statistic of ops for each update (off: the update norm and the "
            "update/weight ratio only)."),
-    Option("cc_distribution", CcDistribution(), {}, "msprobe's collective statistics: accepted, not collected yet "
-           "(a warning says so when enabled)."),
+    Option("cc_distribution", CcDistribution(), {}, "msprobe's collective statistics (enable): ops of the tensors "
+           "of each torch.distributed collective called from Python, after it (and before it with cc_pre_hook), "
+           "calls whose stack matches a regex of cc_codeline; cc_log_only lists the call sites once instead."),
     Option("ops", Ops(), ["norm"], "Statistics of each tensor: norm, min, max, mean, zeros (share below eps), nans, "
            "id; shape and dtype columns are always written, as msprobe does."),
     Option("eps", Number(min=0), 1e-8, "Below this, an element counts as zero (the zeros statistic)."),

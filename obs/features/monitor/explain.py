@@ -3,8 +3,9 @@
 :func:`explain` runs the run's own rules (``monitor.json``'s settings, else the defaults) over every series, the
 same ones the worker ran while training, and orders the anomalies causally: by step; within a step forward (in
 module order, the loss at its end), then backward (in reverse module order, the global gradient norm at its end),
-then the optimizer (in the optimizer's parameter order).  The first of them is the series that left its history
-first.  :func:`movers` picks the series that moved most and lays out their values per step.
+then the collectives (``cc``, by call), then the optimizer (in the optimizer's parameter order).  The first of them
+is the series that left its history first.  :func:`movers` picks the series that moved most and lays out their
+values per step.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from obs.settings.monitor_options import MONITOR_OPTIONS
 __all__ = ["Explanation", "Finding", "Mover", "Movers", "explain", "findings", "loss_after", "movers", "rules_of",
            "scores"]
 
-_STAGE = {"forward": 0, "backward": 1, "optimizer": 2}
-_SERIES = {"actv": 0, "grad_unreduced": 1, "grad_reduced": 2, "exp_avg": 3, "exp_avg_sq": 4, "update_ratio": 5,
-           "param_update": 6}
+_STAGE = {"forward": 0, "backward": 1, "communication": 2, "optimizer": 3}
+_SERIES = {"actv": 0, "grad_unreduced": 1, "grad_reduced": 2, "other": 3, "exp_avg": 4, "exp_avg_sq": 5,
+           "update_ratio": 6, "param_update": 7}
 _END = 1 << 30
 
 
@@ -79,6 +80,7 @@ def _setting(run: MonitorRun, key: str) -> Any:
 def _order(run: MonitorRun) -> Any:
     modules = {name: i for i, name in enumerate(run.meta.get("modules", []) or [])}
     params = {name: i for i, name in enumerate(run.meta.get("params", []) or [])}
+    ops = {name: i for i, name in enumerate(run.meta.get("collectives", []) or [])}
     seen: dict[str, int] = {}
 
     def module_of(series: Series) -> str:
@@ -100,9 +102,11 @@ def _order(run: MonitorRun) -> Any:
             pos = place(module_of(series), modules)
         elif f.stage == "backward":
             pos = -place(module_of(series), modules)
+        elif f.stage == "communication":  # the collectives: by call (micro_step), then op in first-call order
+            pos = (f.micro_step or 0) * 10_000 + place(series.name.partition("/")[0], ops)
         else:
             pos = place(series.name, params)
-        side = 1 if ".output" in series.name else 0
+        side = 1 if ".output" in series.name or "/post_" in series.name else 0  # a collective's after its before
         return (f.step, stage, pos, _SERIES.get(series.prefix, 9), side, f.micro_step or 0, series.name, f.stat)
 
     return key
@@ -183,6 +187,7 @@ class Mover:
     score: float
     peak_step: int
     rank: int | None = None
+    micro_step: int | None = None  #: a module's or a collective's call within the step
 
 
 @dataclass(frozen=True)
@@ -226,7 +231,7 @@ def movers(run: MonitorRun, *, top: int = 6, step: int | None = None, rows: int 
     scored = scores(run)
     scored.sort(key=lambda item: (-item[0], item[1].name))
     chosen = scored[:top]
-    picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank) for score, s, at in chosen]
+    picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank, s.micro) for score, s, at in chosen]
     all_steps = run.steps
     if not chosen or not all_steps:
         return Movers(run.folder, picked, [], [])

@@ -131,6 +131,11 @@ class Monitor:
             from obs.features.monitor.unreduced import Unreduced
 
             self.unreduced = Unreduced(self.collector)
+        self.cc: Any = None
+        if settings["cc_distribution"].get("enable"):  # msprobe's cc: the Python collectives (collectives.py)
+            from obs.features.monitor.collectives import Collectives
+
+            self.cc = Collectives(self.collector, settings["cc_distribution"], self.folder)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every collected step is written and judged (tests, exit)."""
@@ -141,6 +146,8 @@ class Monitor:
 
     def close(self) -> None:
         self.collector.remove()
+        if self.cc is not None:
+            self.cc.remove()
         if self.unreduced is not None:
             self.unreduced.remove()
         self.worker.flush()
@@ -200,8 +207,6 @@ class MonitorFeature:
         self._want = want
         if ranks and who.rank not in ranks:
             return
-        if want["cc_distribution"].get("enable"):
-            logger.warning("obs: monitor: cc_distribution (collectives) is accepted but not collected yet")
         self.monitor = Monitor(want, who.rank, who.world_size)
         if not self._atexit:
             self._atexit = True

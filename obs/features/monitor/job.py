@@ -13,8 +13,8 @@ the median difference of the end of the same optimizer step (:func:`~obs.feature
 Every anomaly gets its step's end on the lowest rank's clock (``time``).
 
 **Order** (:func:`explain_job`): each run's anomalies by its own rules, then all of them by step; within a step by
-stage (forward, backward, optimizer); within a stage by pipeline stage where ``monitor.json`` knows it (``pp_stage``:
-forward from the first stage on, backward and the optimizer from the last, as msprobe orders them); then by place
+stage (forward, backward, the collectives, optimizer); within a stage by pipeline stage where ``monitor.json`` knows
+it (``pp_stage``: forward from the first stage on, the others from the last, as msprobe orders them); then by place
 (forward in module order, backward in reverse, the optimizer in its parameter order); then by rank.
 
 **Where it began** (``scope``): the ranks holding anomalies of the first anomaly's file (``actv``, ``grad_reduced``,
@@ -42,7 +42,7 @@ __all__ = ["SLACK_S", "Job", "JobExplanation", "RankRun", "Spread", "explain_job
 
 #: how far apart (s) two runs' times may be and still overlap: the clocks of two hosts, a rank slow to start
 SLACK_S = 120.0
-_STAGES = {"forward": 0, "backward": 1, "optimizer": 2}
+_STAGES = {"forward": 0, "backward": 1, "communication": 2, "optimizer": 3}
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ def job_movers(job: Job, runs: list[MonitorRun], *, top: int = 6, step: int | No
     scored = [(score, run, series, at) for run in runs for score, series, at in scores(run)]
     scored.sort(key=lambda item: (-item[0], item[2].name, _rank_key(item[1].rank)))
     chosen = scored[:top]
-    picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank) for score, run, s, at in chosen]
+    picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank, s.micro) for score, run, s, at in chosen]
     all_steps = sorted({s for run in runs for s in run.steps})
     if not chosen or not all_steps:
         return Movers(job.root, picked, [], [])

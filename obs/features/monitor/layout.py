@@ -31,12 +31,12 @@ PREFIXES: dict[str, tuple[str, str]] = {
     "update_ratio": ("ur", "optimizer"),
     "param_update": ("ur", "optimizer"),
     "scalars": ("", ""),  # per row: loss (forward's end), grad_norm (backward's end)
+    "other": ("cc", "communication"),  # the collectives (collectives.py): after backward, before the optimizer
     # msprobe's files obs does not write (yet), read back as msprobe wrote them
     "grad_unreduced": ("wg", "backward"),
     "actv_grad": ("xy", "backward"),
     "param_origin": ("wg", "optimizer"),
     "param_updated": ("ur", "optimizer"),
-    "other": ("cc", "optimizer"),
 }
 
 
@@ -46,7 +46,7 @@ def kind_stage(prefix: str, name: str) -> tuple[str, str]:
         return ("loss", "forward") if name == "loss" else ("wg", "backward")
     return PREFIXES.get(prefix, ("", ""))
 KINDS = ("xy", "wg", "mv", "ur", "cc", "loss")
-STAGES = ("forward", "backward", "optimizer")
+STAGES = ("forward", "backward", "communication", "optimizer")
 #: statistics that are numbers (shape and dtype are text columns)
 VALUE_OPS = ("norm", "min", "max", "zeros", "nans", "id", "mean")
 
@@ -56,8 +56,8 @@ CSV_PATTERN = re.compile(r"(\w+?)_(\d+)-(\d+)\.csv")
 
 
 def is_micro(prefix: str) -> bool:
-    """Activations carry a micro_step column (each call of the module within the step)."""
-    return prefix in ("actv", "actv_grad")
+    """Activations and collectives carry a micro_step column (each call of the module or op within the step)."""
+    return prefix in ("actv", "actv_grad", "other")
 
 
 def columns(prefix: str, ops: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ from obs.features.monitor.layout import columns, is_micro
 
 __all__ = ["WRITTEN", "StepPlan", "cell", "layout_key"]
 
-WRITTEN = ("actv", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq", "param_update")
+WRITTEN = ("actv", "grad_unreduced", "grad_reduced", "other", "exp_avg", "exp_avg_sq", "param_update")
 
 Key = tuple[str, str, "int | None", str]  # (prefix, name, micro, stat)
 

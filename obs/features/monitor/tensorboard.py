@@ -44,6 +44,9 @@ def tag_of(prefix: str, name: str, micro: int | None, stat: str, rank: int | Non
     where = f"/rank{rank}" if rank is not None else ""
     if prefix == "scalars":
         return f"{name}{where}"
+    if prefix == "other":  # a collective's row {op}/{pre|post}_{i}: msprobe's {op}/rank{r}/{pre|post}_{i}_{op}
+        op, _, side = name.partition("/")
+        return f"{op}{f'.call{micro}' if micro else ''}{where}/{side}_{stat}"
     if micro:
         name = f"{name}.call{micro}"
     return f"0:{name}{where}/{TAGS.get(prefix, prefix)}_{stat}"

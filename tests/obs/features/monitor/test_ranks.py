@@ -8,6 +8,7 @@ of CPU, most of it importing torch twice); the other cases are copies of its run
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import re
@@ -22,6 +23,7 @@ import pytest
 from obs._core.errors import DamagedFileError
 from obs.cli import main
 from obs.features.monitor.clock import TIMES, StepTimes, host_offsets, pipeline_stage, read_times
+from obs.features.monitor.explain import _STAGE
 from obs.features.monitor.job import explain_job, find_job, read_job
 from obs.features.monitor.layout import CSV_PATTERN
 from obs.features.monitor.reader import read_run
@@ -41,6 +43,7 @@ def job(tmp_path_factory):
     config.write_text(json.dumps({"monitor": {
         "enable": True, "path": str(out / "monitor"), "xy_distribution": True, "step_count_per_record": 1000,
         "wg_distribution": True,  # with it, DDP's unreduced gradients (grad_unreduced) too
+        "cc_distribution": {"enable": True, "cc_pre_hook": True},  # the script's all_reduce of its loss
         "targets": {"module.": {}, "module.0": {}, "module.2": {}}}}))  # every parameter; the first layers' xy
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "OBS_", "OTEL_", "MONITOR_")) or
            k.startswith("OBS_NATIVE")}
@@ -118,6 +121,13 @@ def test_explain_over_the_root_says_rank_1s_activations_left_their_history_first
     assert spread[("forward", "actv", "xy")] == [1]
     assert spread[("backward", "grad_unreduced", "wg")] == [1]  # each rank's own gradient, before the all-reduce
     assert spread[("backward", "grad_reduced", "wg")] == [0, 1]
+    assert spread[("communication", "other", "cc")] == [0, 1]  # the loss's all_reduce, after backward
+    at_bad = [a for a in found.anomalies if a.step == BAD]
+    stages = [_STAGE[a.stage] for a in at_bad]
+    assert stages == sorted(stages) and stages[-1] == _STAGE["communication"]
+    cc = [(a.rank, a.name) for a in at_bad if a.kind == "cc"]  # by call in the step's order, before then after
+    assert cc[:3] == [(1, "all_reduce/pre_0"), (0, "all_reduce/post_0"), (1, "all_reduce/post_0")]
+    assert {name for _, name in cc[3:]} <= {"batch_isend_irecv/pre_0", "batch_isend_irecv/post_0"}
     assert found.loss_step == BAD and found.lead_steps == 0
     assert [r.rank for r in found.ranks] == [0, 1] and all(r.offset_s == 0 and r.timed for r in found.ranks)
     assert found.times[0] is not None and not found.left_out and not found.problems
@@ -170,6 +180,31 @@ def test_a_rank_that_started_before_init_process_group_learns_its_rank(job):
     folder = job["runs"][1]
     assert "-rank0-" in os.path.basename(folder)
     assert json.loads(pathlib.Path(folder, "monitor.json").read_text())["world_size"] == 2
+
+
+def test_a_python_collective_is_measured_on_each_rank_before_and_after(job):
+    """The script's all_reduce of its loss (cc_pre_hook): before it, each rank's own loss; after it, the sum of the
+    two, the same on both ranks, at every step; rank 1's own jumps at the bad step."""
+    runs = {r: read_run(f) for r, f in job["runs"].items()}
+
+    def values(rank, name):
+        found = [s for s in runs[rank].series if s.prefix == "other" and s.name == name and s.stat == "norm"]
+        assert len(found) == 1 and found[0].micro == 0 and (found[0].kind, found[0].stage) == ("cc", "communication")
+        return dict(zip(found[0].steps, found[0].values))
+
+    own = {r: values(r, "all_reduce/pre_0") for r in (0, 1)}
+    after = {r: values(r, "all_reduce/post_0") for r in (0, 1)}
+    assert sorted(after[0]) == list(range(STEPS)) and after[0] == after[1]
+    assert all(after[0][s] == pytest.approx(own[0][s] + own[1][s], rel=1e-5) for s in range(STEPS))
+    assert own[1][BAD] > 1000 * own[0][BAD]
+    for r in (0, 1):  # the norm of the loss is the loss
+        assert own[r][5] == pytest.approx(job["losses"][r]["watched"][5], rel=1e-5)
+    # the losses exchanged by batch_isend_irecv (a P2POp pair made with isend/irecv imported before obs wrapped
+    # them, used again after the monitor ended: the plain run): after it, each rank holds both losses
+    for r in (0, 1):
+        assert runs[r].meta["collectives"] == ["all_reduce", "batch_isend_irecv"]  # the order of their first call
+        pair = values(r, "batch_isend_irecv/post_0")
+        assert all(pair[s] == pytest.approx(math.hypot(own[0][s], own[1][s]), rel=1e-5) for s in range(STEPS))
 
 
 def test_msprobes_files_stay_as_they_were(job):
