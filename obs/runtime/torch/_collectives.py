@@ -158,6 +158,8 @@ class CollectiveHooks:
         self._pending: list[tuple[Any, dict[str, Any], int]] = []  #: device work whose completion is polled
         self._polling = False
         self._originals: dict[str, Any] = {}
+        self._wrapped: dict[str, Any] = {}
+        self._live = [True]  #: False once removed: a wrapper another tool wrapped again stays, passing through
         self._specs: dict[str, _Args] = {}
         self._buckets: dict[tuple[Any, ...], dict[str, Any]] = {}  #: a DDP bucket's record by group and shape
         for name in OPS:
@@ -166,7 +168,7 @@ class CollectiveHooks:
                 continue
             self._originals[name] = original
             self._specs[name] = _Args(name, original)
-            wrapped = self._wrap(name, original, self._specs[name])
+            wrapped = self._wrapped[name] = self._wrap(name, original, self._specs[name])
             setattr(c10d, name, wrapped)
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapped)
@@ -177,11 +179,12 @@ class CollectiveHooks:
         groups, seqs, p2p_issued = self._groups, self._seq, self._p2p
         always_async = name in _ASYNC_ALWAYS
 
-        inside, pending = self._inside, self._pending
+        inside, pending, live = self._inside, self._pending, self._live
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if inside.depth:  # called by another wrapped collective (send → isend): one record per call
+            # called by another wrapped collective (send → isend): one record per call; removed: torch's own
+            if inside.depth or not live[0]:
                 return original(*args, **kwargs)
             try:
                 group = spec.get(spec.group, args, kwargs)
@@ -310,12 +313,15 @@ class CollectiveHooks:
 
             tracker.at_boundary.remove(self.poll)
             self._polling = False
+        self._live[0] = False
         for name, original in self._originals.items():
-            wrapped = getattr(c10d, name)
-            setattr(c10d, name, original)
+            wrapped = self._wrapped[name]
+            # where another tool wrapped ours since (the monitor's cc), its wrapper stays: ours passes through
+            if getattr(c10d, name) is wrapped:
+                setattr(c10d, name, original)
             if getattr(dist, name, None) is wrapped:
                 setattr(dist, name, original)
-        self._originals = {}
+        self._originals, self._wrapped = {}, {}
         self._ddp.remove()
 
 

@@ -187,3 +187,32 @@ def test_a_model_whose_gradients_are_bucket_views_keeps_its_cpp_reduction_and_th
     # numbered by the group: after DDP's 3 start-up collectives, the first bucket, the rebuild's 2 broadcasts
     assert [(r["op"], r["seq"], r["state"]) for r in records] == [("all_reduce", 7, "scheduled"),
                                                                   ("all_reduce", 7, "completed")]
+
+
+def test_removed_under_another_tools_wrapper_its_wrapper_stays_and_ours_passes_through(tmp_path):
+    """Another tool wraps the collective after obs (the monitor's cc, a user's): obs's recorder coming off leaves
+    that wrapper in place, and obs's own, still under it, records nothing more."""
+    from torch.distributed import distributed_c10d as c10d
+
+    original = dist.all_reduce
+    records, calls = [], []
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with obs.subscribe(obs.Event.COLLECTIVE, records.append):
+            ours = dist.all_reduce
+            assert ours is not original
+
+            def theirs(*args, **kwargs):
+                calls.append(1)
+                return ours(*args, **kwargs)
+
+            dist.all_reduce = c10d.all_reduce = theirs
+            dist.all_reduce(torch.ones(2))
+        assert dist.all_reduce is theirs and c10d.all_reduce is theirs and not adapter.installed["collectives"]
+        seen = len(records)
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        assert len(calls) == 2 and len(records) == seen == 2 and t.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        dist.all_reduce = c10d.all_reduce = original
+        _drain_and_destroy()
