@@ -1,10 +1,9 @@
 """A collective call as the monitor's ``cc`` sees it (:mod:`obs.features.monitor.collectives`): the ops wrapped, a
-call's tensor arguments by parameter, the call stack in msprobe's form, and isend/irecv wrapped so that torch's
-``P2POp`` checks still pass."""
+call's tensor arguments by parameter and the call stack in msprobe's form (isend/irecv's wrapping that torch's
+``P2POp`` checks need: :mod:`obs.runtime.torch._p2p`)."""
 
 from __future__ import annotations
 
-import functools
 import re
 import sys
 from typing import Any
@@ -13,7 +12,7 @@ import torch
 
 from obs.features.monitor.stats import shape_of
 
-__all__ = ["OPS", "OUTPUT_ONLY", "Peer", "call_stack", "described", "same_ops", "tensor_args"]
+__all__ = ["OPS", "OUTPUT_ONLY", "call_stack", "described", "tensor_args"]
 
 #: msprobe's distributed_ops.yaml, then the all-to-alls the issue names
 OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "broadcast", "all_reduce", "reduce", "scatter",
@@ -80,49 +79,3 @@ def described(arg: torch.Tensor | list[torch.Tensor]) -> tuple[torch.Tensor, str
     elif t.is_complex():
         t = torch.view_as_real(t)
     return t, shape, dtype
-
-
-def _chain(function: Any) -> list[Any]:
-    """``function`` and the functions it wraps (``__wrapped__``, as functools.wraps sets it)."""
-    out = []
-    while function is not None and len(out) < 8:
-        out.append(function)
-        function = getattr(function, "__wrapped__", None)
-    return out
-
-
-class Peer:
-    """isend or irecv wrapped, as torch's P2POp needs it: equal to the function it wraps (a P2POp's op is checked
-    against ``c10d.isend``/``irecv`` by equality when it is made: one made with a function imported before the
-    monitor started passes), and a peer given under the other's key taken as its own (``batch_isend_irecv`` picks
-    the key by identity with ``c10d.isend``: a P2POp made while this was in place, used after, passes its peer as
-    ``group_src``)."""
-
-    def __init__(self, name: str, wrapper: Any, original: Any) -> None:
-        functools.update_wrapper(self, original)
-        self._call, self._original = wrapper, original
-        self._keys = ("group_src", "group_dst") if name == "isend" else ("group_dst", "group_src")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        wrong, right = self._keys
-        if wrong in kwargs and right not in kwargs:
-            kwargs[right] = kwargs.pop(wrong)
-        return self._call(*args, **kwargs)
-
-    def __eq__(self, other: object) -> bool:
-        return other is self or any(other is f for f in _chain(self._original))
-
-    def __hash__(self) -> int:
-        return hash(self._original)
-
-
-def same_ops(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """A P2POp made with a function equal to this module's isend/irecv (one imported before they were wrapped) gets
-    them: ``batch_isend_irecv`` tells isends from irecvs by identity."""
-    from torch.distributed import distributed_c10d as c10d
-
-    current = [c10d.isend, c10d.irecv]
-    for op in (args[0] if args else kwargs.get("p2p_op_list")) or ():
-        for function in current:
-            if getattr(op, "op", None) is not function and function == getattr(op, "op", None):
-                op.op = function

@@ -49,9 +49,10 @@ from torch.optim import optimizer as torch_optimizer
 from obs._core import safe_files
 from obs._core.internal import report_internal_error, suppressed
 from obs.features.monitor.batch import to_host
-from obs.features.monitor.cc_calls import OPS, OUTPUT_ONLY, Peer, call_stack, described, same_ops, tensor_args
+from obs.features.monitor.cc_calls import OPS, OUTPUT_ONLY, call_stack, described, tensor_args
 from obs.features.monitor.stats import stats
 from obs.features.monitor.writer import Block, Packet
+from obs.runtime.torch._p2p import Peer, same_ops
 
 __all__ = ["LOG_FILE", "PREFIX", "Collectives"]
 

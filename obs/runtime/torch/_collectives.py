@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.compiler import is_compiling
 from torch.distributed import distributed_c10d as c10d
 
 from obs._core.events import Event, bus
@@ -49,6 +50,7 @@ from obs.runtime import device_time
 from obs.runtime.steps import tracker
 from obs.runtime.torch import _flight_recorder
 from obs.runtime.torch._ddp import DdpHooks, scale
+from obs.runtime.torch._p2p import Peer, same_ops
 from recorder.layout import DeviceTarget
 
 __all__ = ["CollectiveHooks", "OPS"]
@@ -59,6 +61,7 @@ OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tenso
 _P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 _COLLECTIVE = DeviceTarget.COLLECTIVE
 _ASYNC_ALWAYS = frozenset({"isend", "irecv"})
+_P2P_ASYNC = ("isend", "irecv")
 
 
 class _Args:
@@ -166,14 +169,22 @@ class CollectiveHooks:
             original = getattr(c10d, name, None)
             if original is None:
                 continue
-            self._originals[name] = original
             self._specs[name] = _Args(name, original)
-            wrapped = self._wrapped[name] = self._wrap(name, original, self._specs[name])
-            setattr(c10d, name, wrapped)
-            if getattr(dist, name, None) is original:
-                setattr(dist, name, wrapped)
+            wrapped = self._wrap(name, original, self._specs[name])
+            if name in _P2P_ASYNC:  # equal to torch's, as P2POp's checks need
+                wrapped = Peer(name, wrapped, original)
+            self._install(name, original, wrapped)
+        batch = getattr(c10d, "batch_isend_irecv", None)
+        if batch is not None:  # on record through its isend/irecv calls; wrapped only to hand them ours
+            self._install("batch_isend_irecv", batch, _batch_wrapper(batch, self._live))
         _flight_recorder.arm()  # before init_process_group: DDP's C++ collectives go on record there
         self._ddp = DdpHooks(self.bucket_all_reduce)
+
+    def _install(self, name: str, original: Any, wrapped: Any) -> None:
+        self._originals[name], self._wrapped[name] = original, wrapped
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapped)
 
     def _wrap(self, name: str, original: Any, spec: _Args) -> Any:
         groups, seqs, p2p_issued = self._groups, self._seq, self._p2p
@@ -237,8 +248,8 @@ class CollectiveHooks:
             if not is_async or result is None:
                 bus.emit(Event.COLLECTIVE, {**record, "state": "completed",
                                             "duration_ns": time.perf_counter_ns() - start})
-            else:
-                _on_completion(result, record, start)
+            elif not _on_completion(result, record, start):  # no future (gloo's isend/irecv): polled
+                self._pend(result, record, start)
             return result
 
         return collective
@@ -325,6 +336,21 @@ class CollectiveHooks:
         self._ddp.remove()
 
 
+def _batch_wrapper(original: Any, live: list[bool]) -> Any:
+    """batch_isend_irecv, its P2POps made with an isend/irecv from before obs wrapped them given obs's (torch tells
+    an isend from an irecv by identity); torch's own once removed."""
+    @functools.wraps(original)
+    def batch_isend_irecv(*args: Any, **kwargs: Any) -> Any:
+        if live[0] and not is_compiling():
+            try:
+                same_ops(args, kwargs)
+            except Exception as exc:  # noqa: BLE001 - reported; torch's own checks follow
+                report_internal_error("collective batch_isend_irecv", exc)
+        return original(*args, **kwargs)
+
+    return batch_isend_irecv
+
+
 def _device_work(tensors: list[torch.Tensor]) -> bool:
     """Whether the collective runs on a device (CUDA: NCCL), whose work completes after the call returns."""
     return bool(tensors) and tensors[0].device.type != "cpu"
@@ -371,8 +397,9 @@ def _first(future: Any) -> Any:
     return future.value()[0]
 
 
-def _on_completion(work: Any, record: dict[str, Any], start: int) -> None:
-    """Publish ``completed`` (or ``failed``) when ``work`` completes, from its future's callback."""
+def _on_completion(work: Any, record: dict[str, Any], start: int) -> bool:
+    """Publish ``completed`` (or ``failed``) when ``work`` completes, from its future's callback; False when the work
+    has no future (gloo's point-to-point works), and nothing is published."""
 
     def done(future: Any) -> None:
         elapsed = time.perf_counter_ns() - start
@@ -385,6 +412,8 @@ def _on_completion(work: Any, record: dict[str, Any], start: int) -> None:
         bus.emit(Event.COLLECTIVE, {**record, "state": "completed", "duration_ns": elapsed})
 
     try:
-        work.get_future().add_done_callback(done)
-    except Exception as exc:  # noqa: BLE001 - a backend without futures: the record stays ``scheduled``
-        report_internal_error("collective completion callback", exc)
+        future = work.get_future()
+    except RuntimeError:  # "Work::getFuture not implemented"
+        return False
+    future.add_done_callback(done)
+    return True

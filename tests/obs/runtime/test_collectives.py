@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import obs
-from obs.runtime.torch import adapter
+from obs.runtime.torch import _p2p, adapter
 
 
 def test_collectives_are_recorded_with_sequence_state_and_timing(tmp_path):
@@ -215,4 +215,31 @@ def test_removed_under_another_tools_wrapper_its_wrapper_stays_and_ours_passes_t
         assert len(calls) == 2 and len(records) == seen == 2 and t.tolist() == [1.0, 1.0, 1.0]
     finally:
         dist.all_reduce = c10d.all_reduce = original
+        _drain_and_destroy()
+
+
+def test_a_p2p_op_made_with_isend_imported_before_obs_passes_torchs_checks(tmp_path):
+    """A module that imported isend/irecv before obs wrapped them (``from torch.distributed import isend``): its
+    P2POp passes torch's check (by equality) and batch_isend_irecv gets obs's wrapper for it (torch tells an isend
+    from an irecv by identity); one made while obs's wrappers were in place works after they come off.  (A real
+    exchange needs two ranks: the monitor's 2-rank job does one; here torch's checks and the hand-over.)"""
+    from torch.distributed import distributed_c10d as c10d
+
+    torch_isend, torch_irecv = c10d.isend, c10d.irecv
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with obs.subscribe(obs.Event.COLLECTIVE, lambda record: None):
+            assert c10d.isend is not torch_isend and c10d.isend == torch_isend and c10d.irecv == torch_irecv
+            early = dist.P2POp(torch_isend, torch.ones(1), 0)  # torch's _check_op: ValueError before the fix
+            made_while = dist.P2POp(dist.irecv, torch.zeros(1), 0)
+            _p2p.same_ops(([early, made_while],), {})
+            assert early.op is c10d.isend and made_while.op is c10d.irecv
+            assert hasattr(dist.batch_isend_irecv, "__wrapped__")  # wrapped: it hands the ops over
+            got = {}
+            made_while.op._call = lambda *a, **k: got.update(k)  # what the peer reaches the wrapper as
+            made_while.op(torch.zeros(1), group_dst=0)  # batch_isend_irecv's keyword for a function not its irecv
+            assert got == {"group_src": 0}
+        assert c10d.isend is torch_isend and dist.isend is torch_isend and dist.batch_isend_irecv is \
+            c10d.batch_isend_irecv and not hasattr(dist.batch_isend_irecv, "__wrapped__")
+    finally:
         _drain_and_destroy()
