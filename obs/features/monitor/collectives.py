@@ -52,7 +52,7 @@ from obs.features.monitor.batch import to_host
 from obs.features.monitor.cc_calls import OPS, OUTPUT_ONLY, call_stack, described, tensor_args
 from obs.features.monitor.stats import stats
 from obs.features.monitor.writer import Block, Packet
-from obs.runtime.torch._p2p import Peer, same_ops
+from obs.runtime.torch import Peer, same_ops
 
 __all__ = ["LOG_FILE", "PREFIX", "Collectives"]
 

@@ -25,6 +25,7 @@ from obs.runtime.torch._failures import failure_hooks  # noqa: E402
 from obs.runtime.torch._flight_recorder import add_to_bundle as add_flight_recorder_to_bundle  # noqa: E402
 from obs.runtime.torch._modules import forget_scopes  # noqa: E402
 from obs.runtime.torch._ops import set_inputs_before_writes  # noqa: E402
+from obs.runtime.torch._p2p import Peer, same_ops  # noqa: E402
 
 if TYPE_CHECKING:
     from obs.runtime.torch._graph_taps import DeviceRows
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["OWN_COMPILES", "AutogradCall", "DeviceRows", "ExportHook", "add_flight_recorder_to_bundle", "adapter",
            "apply_controls", "check_device", "compile", "current_scope", "device", "failure_hooks", "forget_scopes",
            "hidden_from_dynamo", "print_in_graph", "restore_controls", "set_inputs_before_writes", "skip_frames"]
-__all__ += ["ModuleTaps"]
+__all__ += ["ModuleTaps", "Peer", "same_ops"]
 
 _LAZY = {"DeviceRows": "obs.runtime.torch._graph_taps", "print_in_graph": "obs.runtime.torch._print_op",
          "ModuleTaps": "obs.runtime.torch._module_taps"}
