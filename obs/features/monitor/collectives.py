@@ -86,6 +86,7 @@ class Collectives:
         self._new_order = False
         self._pending: dict[Any, tuple[str, int, list[Any]]] = {}
         self._inside = threading.local()
+        self._lock = threading.Lock()  #: rows, parts and calls: appended by whichever thread calls a collective
         self._wrapped: dict[str, tuple[Any, Any]] = {}  # name -> (original, wrapper)
         self._params: dict[str, tuple[str, ...]] = {}  # name -> its parameters' names
         self._wait: tuple[Any, Any] | None = None
@@ -200,14 +201,16 @@ class Collectives:
                 self._log(name, args, kwargs)
             return None
         if step != self._step:  # a new step: what an earlier one left (no optimizer step took it) goes
-            self._step, self.rows, self.parts, self.calls = step, [], [], {}
+            with self._lock:
+                self._step, self.rows, self.parts, self.calls = step, [], [], {}
             self._pending.clear()
         if self.codeline:
             stack = ";".join(call_stack())
             if not any(p.search(stack) for p in self.codeline):
                 return None
-        call = self.calls.get(name, 0)
-        self.calls[name] = call + 1
+        with self._lock:
+            call = self.calls.get(name, 0)
+            self.calls[name] = call + 1
         if name not in self.order:
             self.order[name] = None
             self._new_order = True
@@ -239,8 +242,10 @@ class Collectives:
                 if skip is not None and param in skip:
                     continue
                 t, shape, dtype = described(arg)
-                self.rows.append((f"{name}/{side}_{i}", call, shape, dtype))
-                self.parts.append(stats(t, self.ops, self.eps))
+                row, part = (f"{name}/{side}_{i}", call, shape, dtype), stats(t, self.ops, self.eps)
+                with self._lock:  # a row and its values together: a collective may come from another thread
+                    self.rows.append(row)
+                    self.parts.append(part)
 
     def _log(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """msprobe's ``cc_log_only`` entry of a call: dtypes, the group's ranks and the stack, ``;``-joined."""
@@ -261,8 +266,9 @@ class Collectives:
         """The collector's extra block of ``step``: the rows recorded since its start (None: none)."""
         if self.log_only or step != self._step or not self.rows:
             return None
-        rows, parts = tuple(self.rows), self.parts
-        self.rows, self.parts, self.calls = [], [], {}
+        with self._lock:
+            rows, parts = tuple(self.rows), self.parts
+            self.rows, self.parts, self.calls = [], [], {}
         if self._new_order:  # monitor.json written again with the step's packet (the collector's, or ours)
             self._new_order = False
             self.collector.meta["collectives"] = list(self.order)
