@@ -103,3 +103,19 @@ def test_a_detector_of_msprobes_rules_keeps_them_in_python():
     assert detector._bank is None
     found = detector.judge_many(detector.indices(["a", "b"]), [1.0, math.nan], ["norm", "norm"])
     assert found == []  # no history yet: the robust rule waits, Turbulence skips a NaN
+
+
+def test_the_native_bank_refuses_bad_arguments_by_name():
+    lib = EXTENSION.load()
+    if lib is None:
+        pytest.skip("the C extension obs.features.monitor._robust is not built")
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        lib.Bank(0, 0, 1.0)
+    bank = lib.Bank(5, 0, 3.0)
+    with pytest.raises(ValueError, match="2 indices but 1 values"):
+        bank.judge((0, 1), (1.0,))
+    with pytest.raises(ValueError, match="negative"):
+        bank.judge((-1,), (1.0,))
+    with pytest.raises(TypeError):
+        bank.judge((0,), ("x",))
+    assert bank.judge((0, 1), [1.0, 2.0]) == [] and bank.size == 2
