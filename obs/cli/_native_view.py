@@ -15,7 +15,7 @@ __all__ = ["run_native"]
 #: The modules that declare obs's extensions (importing one declares its extensions).
 DECLARING = ("recorder.hotpath", "recorder.native_ops", "obs.features.dump.stats.tensor_stats",
              "obs.features.dump.stats.native_rows", "obs.features.dump.nan.native_check",
-             "obs.features.monitor.norms")
+             "obs.features.monitor.norms", "obs.features.monitor.detect")
 
 
 def run_native(*, build: bool, as_json: bool) -> int:

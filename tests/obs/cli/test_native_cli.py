@@ -38,3 +38,14 @@ def test_an_extension_that_cannot_load_fails_build_with_its_reason(capsys, monke
     assert by_name["obs_test_broken"] == {"name": "obs_test_broken", "part": "DUMP", "built_at": "first use",
                                           "state": "unavailable", "reason": "the test says it cannot",
                                           "in_use": False}
+
+
+def test_status_lists_every_extension_setup_py_builds(capsys):
+    """``obs native status`` (and the wheel check that relies on it) covers every C module setup.py builds."""
+    import pathlib
+    import re
+
+    setup = (pathlib.Path(__file__).resolve().parents[3] / "setup.py").read_text()
+    built = set(re.findall(r'Extension\("([\w.]+)"', setup))
+    _, listed = _status(capsys, "status")
+    assert built and built <= set(listed), built - set(listed)
