@@ -52,7 +52,7 @@ from obs.features.monitor.batch import to_host
 from obs.features.monitor.cc_calls import OPS, OUTPUT_ONLY, call_stack, described, tensor_args
 from obs.features.monitor.stats import stats
 from obs.features.monitor.writer import Block, Packet
-from obs.runtime.torch import Peer, same_ops
+from obs.runtime.torch import Peer, remap_torchs_own, same_ops
 
 __all__ = ["LOG_FILE", "PREFIX", "Collectives"]
 
@@ -103,6 +103,7 @@ class Collectives:
         if not dist.is_available():
             return
         c10d = dist.distributed_c10d
+        remap_torchs_own()  # before wrapping: Dynamo's remap table keeps torch's functions
         for name in OPS:
             original = getattr(c10d, name, None)
             if original is None:

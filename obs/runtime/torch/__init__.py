@@ -28,6 +28,7 @@ from obs.runtime.torch._ops import set_inputs_before_writes  # noqa: E402
 from obs.runtime.torch._p2p import Peer, same_ops  # noqa: E402
 
 if TYPE_CHECKING:
+    from obs.runtime.torch._collectives import remap_torchs_own
     from obs.runtime.torch._graph_taps import DeviceRows
     from obs.runtime.torch._module_taps import ModuleTaps
     from obs.runtime.torch._print_op import print_in_graph
@@ -35,10 +36,10 @@ if TYPE_CHECKING:
 __all__ = ["OWN_COMPILES", "AutogradCall", "DeviceRows", "ExportHook", "add_flight_recorder_to_bundle", "adapter",
            "apply_controls", "check_device", "compile", "current_scope", "device", "failure_hooks", "forget_scopes",
            "hidden_from_dynamo", "print_in_graph", "restore_controls", "set_inputs_before_writes", "skip_frames"]
-__all__ += ["ModuleTaps", "Peer", "same_ops"]
+__all__ += ["ModuleTaps", "Peer", "remap_torchs_own", "same_ops"]
 
 _LAZY = {"DeviceRows": "obs.runtime.torch._graph_taps", "print_in_graph": "obs.runtime.torch._print_op",
-         "ModuleTaps": "obs.runtime.torch._module_taps"}
+         "ModuleTaps": "obs.runtime.torch._module_taps", "remap_torchs_own": "obs.runtime.torch._collectives"}
 
 
 def __getattr__(name: str) -> Any:

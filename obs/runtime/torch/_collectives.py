@@ -53,12 +53,13 @@ from obs.runtime.torch._ddp import DdpHooks, scale
 from obs.runtime.torch._p2p import Peer, same_ops
 from recorder.layout import DeviceTarget
 
-__all__ = ["CollectiveHooks", "OPS"]
+__all__ = ["CollectiveHooks", "OPS", "remap_torchs_own"]
 
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
        "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "gather", "scatter", "send", "recv",
        "isend", "irecv")
 _P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+_GROUP_PEER = {"send": "group_dst", "isend": "group_dst", "recv": "group_src", "irecv": "group_src"}
 _COLLECTIVE = DeviceTarget.COLLECTIVE
 _ASYNC_ALWAYS = frozenset({"isend", "irecv"})
 _P2P_ASYNC = ("isend", "irecv")
@@ -165,6 +166,7 @@ class CollectiveHooks:
         self._live = [True]  #: False once removed: a wrapper another tool wrapped again stays, passing through
         self._specs: dict[str, _Args] = {}
         self._buckets: dict[tuple[Any, ...], dict[str, Any]] = {}  #: a DDP bucket's record by group and shape
+        remap_torchs_own()
         for name in OPS:
             original = getattr(c10d, name, None)
             if original is None:
@@ -194,8 +196,9 @@ class CollectiveHooks:
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
+            # traced by Dynamo: torch's own (remapped to its functional collective, the graph as without obs);
             # called by another wrapped collective (send → isend): one record per call; removed: torch's own
-            if inside.depth or not live[0]:
+            if is_compiling() or inside.depth or not live[0]:
                 return original(*args, **kwargs)
             try:
                 group = spec.get(spec.group, args, kwargs)
@@ -336,6 +339,17 @@ class CollectiveHooks:
         self._ddp.remove()
 
 
+def remap_torchs_own() -> None:
+    """Import torch's functional collectives before anything wraps the collectives: on import they take
+    ``distributed_c10d``'s functions as the keys of the table by which Dynamo remaps a traced collective.  Imported
+    under a wrapper (DDP's construction imports them), the table keeps the wrapper: a compiled collective then
+    breaks the graph once the wrapper is gone, with obs off."""
+    try:
+        import torch.distributed._functional_collectives  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a torch without them: nothing to keep
+        report_internal_error("functional collectives import", exc)
+
+
 def _batch_wrapper(original: Any, live: list[bool]) -> Any:
     """batch_isend_irecv, its P2POps made with an isend/irecv from before obs wrapped them given obs's (torch tells
     an isend from an irecv by identity); torch's own once removed."""
@@ -369,6 +383,8 @@ def _record(name: str, group: Any, spec: _Args, args: tuple[Any, ...], kwargs: d
     if spec.peer is not None:
         p2p_issued[key] = p2p + 1  # the group's own number counts point-to-point ops, its collectives' does not
         peer = spec.get(spec.peer, args, kwargs)
+        if peer is None:  # given as the group's rank (group_dst / group_src: batch_isend_irecv's way)
+            peer = _global_peer(group, kwargs.get(_GROUP_PEER[name]))
         me = dist.get_rank()
         pair = "any" if peer is None else "-".join(str(r) for r in sorted((me, int(peer))))
         key = f"{key}:p2p:{pair}"
@@ -377,6 +393,16 @@ def _record(name: str, group: Any, spec: _Args, args: tuple[Any, ...], kwargs: d
     record.update(seq=seq, sizes=[list(t.shape) for t in tensors[:4]],
                   dtype=str(tensors[0].dtype).removeprefix("torch.") if tensors else None, duration_ns=0)
     return record, tensors
+
+
+def _global_peer(group: Any, group_peer: Any) -> int | None:
+    """The global rank of ``group``'s rank ``group_peer`` (None when not given or not known)."""
+    if group_peer is None:
+        return None
+    try:
+        return int(c10d.get_global_rank(group if group is not None else c10d._get_default_group(), int(group_peer)))
+    except Exception:  # noqa: BLE001 - a group torch does not know: no peer on record
+        return None
 
 
 def _group_seq(group: Any, own: itertools.count[int], p2p: int) -> int:

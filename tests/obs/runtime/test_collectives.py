@@ -243,3 +243,43 @@ def test_a_p2p_op_made_with_isend_imported_before_obs_passes_torchs_checks(tmp_p
             c10d.batch_isend_irecv and not hasattr(dist.batch_isend_irecv, "__wrapped__")
     finally:
         _drain_and_destroy()
+
+
+def _compiled_counters():
+    """Dynamo's counters of a compiled function that all_reduces, run twice (backend eager)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    def double_and_reduce(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    compiled = torch.compile(double_and_reduce, backend="eager")
+    for _ in range(2):
+        out = compiled(torch.ones(3))
+    got = {"stats": dict(counters["stats"]), "graph_break": dict(counters["graph_break"]), "out": out.tolist()}
+    torch._dynamo.reset()
+    return got
+
+
+def test_a_compiled_collective_compiles_and_runs_as_without_obs(tmp_path):
+    """Dynamo remaps a traced ``dist.all_reduce`` to torch's functional collective by the function's identity: obs's
+    wrapper hands a traced call to torch's own (it crashed Dynamo, UnsafeScriptObjectError, when the functional
+    collectives were imported before obs wrapped), and obs imports them before it wraps, so that their table keeps
+    torch's functions (imported under obs's wrapper, e.g. by DDP, a compiled collective broke the graph once obs was
+    off)."""
+    import torch.distributed._functional_collectives  # noqa: F401 - as a process that compiled one before obs
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        plain = _compiled_counters()
+        with obs.subscribe(obs.Event.COLLECTIVE, lambda record: None):
+            assert dist.all_reduce.__wrapped__ is not None
+            assert _compiled_counters() == plain
+        assert _compiled_counters() == plain
+    finally:
+        _drain_and_destroy()
+    assert plain["stats"]["unique_graphs"] == 1 and not plain["graph_break"] and plain["out"] == [3.0] * 3
