@@ -9,7 +9,8 @@ Each step: the gradients of a small net all_reduced (4 collectives), then the lo
 a stop flag broadcast from rank 0.
 
 clean: also a subgroup {0, last} passed by position, an async all_reduce, a send/recv pair each way between ranks 0
-    and 1, then a batch_isend_irecv pair between them (its P2POps made with isend/irecv imported before obs).  Ranks 0 and 2 record through the recorder's C hot path, ranks 1 and 3 through its Python handlers
+    and 1, then a batch_isend_irecv pair between them (its P2POps made with isend/irecv imported before obs).
+    Ranks 0 and 2 record through the recorder's C hot path, ranks 1 and 3 through its Python handlers
     (OBS_NATIVE_RECORDER=0): with 4 ranks each path has a rank in the subgroup and one out of it, one in the pair and
     one out of it.
 skip: the last rank skips step 3's loss all_reduce (it goes on to the broadcast).
@@ -59,8 +60,8 @@ if scenario == "ddp" and os.environ["RANK"] == "1":
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch.distributed import irecv, isend  # noqa: E402  (before obs wraps them, as an early import has them)
 from sgd import SGD  # noqa: E402  (this folder's: torch.optim would import torch._dynamo)
+from torch.distributed import irecv, isend  # noqa: E402  (before obs wraps them, as an early import has them)
 
 import obs  # noqa: E402
 

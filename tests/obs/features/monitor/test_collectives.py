@@ -20,6 +20,7 @@ from obs.features.monitor.feature import feature
 from obs.features.monitor.reader import read_run
 from obs.features.monitor.tensorboard import tag_of
 from tests.obs.cli.test_cli import obs_cli
+from tests.obs.runtime.test_collectives import _compiled_counters
 
 TIMEOUT = 30.0
 OPS_ALL = ["norm", "min", "max", "mean", "zeros", "nans"]
@@ -241,30 +242,6 @@ def test_a_collectives_spike_is_explained_after_backward_and_before_the_optimize
     assert any(h.prefix == "other" and h.title.startswith("collectives") for h in plot.heatmaps)
     assert tag_of("other", "all_reduce/post_0", 0, "norm", 3) == "all_reduce/rank3/post_0_norm"
     assert tag_of("other", "all_reduce/pre_1", 2, "max", None) == "all_reduce.call2/pre_1_max"
-
-
-def _compiled_counters():
-    """Dynamo's counters of a compiled function that all_reduces, run 3 steps (backend eager)."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-
-    def double_and_reduce(x):
-        y = x * 2
-        dist.all_reduce(y)
-        return y + 1
-
-    compiled = torch.compile(double_and_reduce, backend="eager")
-    model = torch.nn.Linear(4, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(3):
-        compiled(model(torch.randn(2, 4))).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    got = {"stats": dict(counters["stats"]), "graph_break": dict(counters["graph_break"])}
-    torch._dynamo.reset()
-    return got
 
 
 def test_a_compiled_collective_compiles_as_without_the_monitor(tmp_path):
