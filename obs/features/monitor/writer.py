@@ -1,6 +1,8 @@
 """The monitor's worker thread: each step's values to msprobe's CSV files, judged by the anomaly rules, anomalies
 to stderr.  Off the training thread: the training thread hands over one :class:`Packet` per step (the values still in
-one tensor) and goes on; the worker reads the tensor, writes rows and runs the rules.
+one tensor) and goes on; the worker reads the tensor, writes rows and runs the rules.  A packet's layout is compiled
+once (:class:`~obs.features.monitor.step_plan.StepPlan`), a step's values are judged in one call
+(:meth:`Detector.judge_many`), and each file gets one write per drain.
 
 An anomaly writes one line on stderr (at most :data:`LINES_PER_STEP` per step, then a count of the rest).
 
