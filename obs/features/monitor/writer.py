@@ -27,14 +27,15 @@ from obs._core import safe_files
 from obs._core.internal import report_internal_error
 from obs._core.outputs import wrote
 from obs.features.monitor.detect import Detector
-from obs.features.monitor.layout import META, PREFIXES, SCHEMA_VERSION, columns, is_micro
-from obs.features.monitor.step_plan import StepPlan, cell, layout_key
+from obs.features.monitor.layout import META, PREFIXES, SCHEMA_VERSION, columns
+from obs.features.monitor.step_plan import StepPlan, layout_key
 
 __all__ = ["LINES_PER_STEP", "Anomaly", "Block", "Packet", "StepValues", "Worker"]
 
 LINES_PER_STEP = 5
 DRAIN_S = 0.05  #: how often the worker takes what the training thread handed over
 _PLANS = 64  #: packet layouts compiled at once
+_SCALARS_HEADER = columns("scalars", ["value"])
 
 
 def _always() -> bool:
@@ -209,10 +210,15 @@ class Worker:
 
     def _loss(self, step: int, value: float) -> None:
         """A loss given through ``obs.scalar("loss", ...)``: from then on it replaces backward()'s value."""
-        self._keeping()
+        keep = self._keeping()
         self._loss_from_scalar = True
-        found: list[Anomaly] = []
-        self._row("scalars", step, "loss", None, [value], ("value",), "", "", found)
+        key = ("scalars", "loss", None, "value")
+        if keep:
+            self._step_values.append((*key, value))
+        verdict = self.detector.judge(key, value, "value")
+        found = [] if verdict is None else [Anomaly(step, *key, value, verdict.baseline, verdict.rule, verdict.score)]
+        if self.folder is not None:
+            self._queue("scalars", step, _SCALARS_HEADER, f"0,loss,{step},{value:.{self.ndigits}g}\n")
         self._report(step, found)
         self._to_sinks(step, found)
 
@@ -252,26 +258,6 @@ class Worker:
                 sink(StepValues(step, values, found))
             except Exception as exc:  # noqa: BLE001 - reported; one output's bug never stops the others
                 report_internal_error(f"monitor sink {getattr(sink, '__name__', type(sink).__name__)}", exc)
-
-    def _row(self, prefix: str, step: int, name: str, micro: int | None, values: list[float], stats: tuple[str, ...],
-             shape: str, dtype: str, found: list[Anomaly]) -> None:
-        """One row outside a packet's plan (a loss from ``obs.scalar``): judged, kept for the sinks, queued."""
-        for stat, value in zip(stats, values):
-            if self._keep:
-                self._step_values.append((prefix, name, micro, stat, value))
-            if stat == "id":
-                continue
-            verdict = self.detector.judge((prefix, name, micro, stat), value, stat)
-            if verdict is not None:
-                found.append(Anomaly(step, prefix, name, micro, stat, value, verdict.baseline, verdict.rule,
-                                     verdict.score))
-        if self.folder is None:
-            return
-        cells = ["0", cell(name), str(step)] + ([str(micro)] if is_micro(prefix) else [])
-        cells += [format(v, f".{self.ndigits}g") for v in values]
-        if prefix not in ("update_ratio", "scalars"):
-            cells += [cell(shape), cell(dtype)]
-        self._queue(prefix, step, columns(prefix, list(stats)), ",".join(cells) + "\n")
 
     def _queue(self, prefix: str, step: int, header: list[str], text: str) -> None:
         """Rows for ``prefix``'s file of ``step``: written with the rest of the drain's (:meth:`_write_queued`)."""
