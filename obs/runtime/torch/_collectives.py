@@ -59,10 +59,9 @@ OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tenso
        "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "gather", "scatter", "send", "recv",
        "isend", "irecv")
 _P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
-_GROUP_PEER = {"send": "group_dst", "isend": "group_dst", "recv": "group_src", "irecv": "group_src"}
+_GROUP_PEER = {name: f"group_{arg}" for name, arg in _P2P.items()}  #: the peer as the group's rank
 _COLLECTIVE = DeviceTarget.COLLECTIVE
 _ASYNC_ALWAYS = frozenset({"isend", "irecv"})
-_P2P_ASYNC = ("isend", "irecv")
 
 
 class _Args:
@@ -173,7 +172,7 @@ class CollectiveHooks:
                 continue
             self._specs[name] = _Args(name, original)
             wrapped = self._wrap(name, original, self._specs[name])
-            if name in _P2P_ASYNC:  # equal to torch's, as P2POp's checks need
+            if name in _ASYNC_ALWAYS:  # isend/irecv: equal to torch's, as P2POp's checks need
                 wrapped = Peer(name, wrapped, original)
             self._install(name, original, wrapped)
         batch = getattr(c10d, "batch_isend_irecv", None)
