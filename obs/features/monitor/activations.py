@@ -17,6 +17,7 @@ import torch
 from obs._core.internal import report_internal_error, suppressed
 from obs.features.monitor.norms import CODES, EXTENSION
 from obs.features.monitor.stats import NORM, shape_of, stats, stats_all, struct_of, tensors_in
+from obs.features.monitor.step_plan import same_rows
 from obs.features.monitor.writer import Block
 
 __all__ = ["Activations"]
@@ -96,9 +97,7 @@ class Activations:
         self.rows, self.parts, self.calls = [], [], {}
         if not rows:
             return None
-        # the same calls as the step before: its tuple, by which the worker knows the step's layout
-        if tuple(rows) != self._last_rows:
-            self._last_rows = tuple(rows)
+        self._last_rows = same_rows(rows, self._last_rows)
         return Block("actv", self._last_rows, ops), parts
 
     def clear(self) -> None:

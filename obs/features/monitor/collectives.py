@@ -51,6 +51,7 @@ from obs._core.internal import report_internal_error, suppressed
 from obs.features.monitor.batch import to_host
 from obs.features.monitor.cc_calls import OPS, OUTPUT_ONLY, call_stack, described, tensor_args
 from obs.features.monitor.stats import stats
+from obs.features.monitor.step_plan import same_rows
 from obs.features.monitor.writer import Block, Packet
 from obs.runtime.torch import Peer, remap_torchs_own, same_ops
 
@@ -276,9 +277,7 @@ class Collectives:
             self.collector._meta_sent = (-1, -1)
         self._pending.clear()  # a work not waited by now: no post rows
         self._step = -1
-        if rows == self._last_rows:  # the same calls as the step before: the writer's formatted rows are kept
-            rows = self._last_rows
-        self._last_rows = rows
+        rows = self._last_rows = same_rows(rows, self._last_rows)
         with torch.no_grad(), suppressed():  # one device's vector (a CPU part pinned first: no host wait)
             device = next((p.device for p in parts if p.device.type != "cpu"), parts[0].device)
             values = torch.cat([p if p.device == device else p.pin_memory().to(device, non_blocking=True)

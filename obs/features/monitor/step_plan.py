@@ -20,7 +20,7 @@ from typing import Any
 
 from obs.features.monitor.layout import columns, is_micro
 
-__all__ = ["WRITTEN", "StepPlan", "cell", "layout_key"]
+__all__ = ["WRITTEN", "StepPlan", "cell", "layout_key", "same_rows"]
 
 WRITTEN = ("actv", "grad_unreduced", "grad_reduced", "other", "exp_avg", "exp_avg_sq", "param_update")
 
@@ -37,6 +37,13 @@ def cell(text: str) -> str:
 def layout_key(blocks: Any, loss_from_scalar: bool) -> tuple[Any, ...]:
     """What identifies a layout: each block's prefix, rows (by identity: the plan holds them) and statistics."""
     return (loss_from_scalar, *[(b.prefix, id(b.rows), b.stats, b.scales) for b in blocks])
+
+
+def same_rows(rows: Any, last: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A step's rows as a tuple: ``last`` (the step before's) itself when they are the same, so that the layout the
+    worker knows by the rows' identity (:func:`layout_key`) is compiled once."""
+    rows = tuple(rows)
+    return last if rows == last else rows
 
 
 def _braced(text: str) -> str:

@@ -22,6 +22,7 @@ from obs._core.internal import report_internal_error, suppressed
 from obs.features.monitor.collect import Collector
 from obs.features.monitor.names import matches
 from obs.features.monitor.stats import shape_of, stats
+from obs.features.monitor.step_plan import same_rows
 from obs.features.monitor.writer import Block
 
 __all__ = ["Unreduced"]
@@ -58,8 +59,7 @@ class Unreduced:
         self._stats = {}
         if not rows:
             return None
-        if tuple(rows) != self._rows:  # else the step before's tuple: the worker knows a step's layout by it
-            self._rows = tuple(rows)
+        self._rows = same_rows(rows, self._rows)
         return Block("grad_unreduced", self._rows, plan.value_ops), torch.cat(values)
 
     def _install(self, opt: Any) -> None:
