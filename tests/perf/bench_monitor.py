@@ -74,10 +74,7 @@ def count_child(workload_name: str, only: list[str]) -> None:
         workload.step()
         calls[0] += 1
         if calls[0] in flush_at:
-            from obs.features.monitor.feature import feature
-
-            if feature.monitor is not None:
-                feature.monitor.flush()
+            flush_worker()
 
     def fresh(setup):
         def install():

@@ -16,6 +16,18 @@ def _packet(step: int, grad: float) -> Packet:
     return Packet(step, blocks, [[grad, 1.0, 0.01, 0.01, 1.0, 2.0]])
 
 
+def _eight_steps(tmp_path, sinks):
+    """Eight steps through a worker with these sinks, a gradient spike at step 6, everything written and judged."""
+    worker = Worker(str(tmp_path), detector=Detector(rules_from(10, 3, 5.0, {})), ndigits=6, per_file=100,
+                    stream=io.StringIO(), sinks=sinks)
+    try:
+        for step in range(8):
+            worker.submit(_packet(step, 1e4 if step == 6 else 1.0))
+        assert worker.flush(10)
+    finally:
+        worker.close()
+
+
 def test_sinks_get_every_judged_step_and_a_failing_sink_stops_nothing(tmp_path):
     got: list[StepValues] = []
 
@@ -24,14 +36,9 @@ def test_sinks_get_every_judged_step_and_a_failing_sink_stops_nothing(tmp_path):
 
     old = set_raise_internal_errors(False)  # as in production: reported and counted, not raised
     before = internal_error_counts().get("monitor sink broken", 0)
-    worker = Worker(str(tmp_path), detector=Detector(rules_from(10, 3, 5.0, {})), ndigits=6, per_file=100,
-                    stream=io.StringIO(), sinks=[broken, got.append])
     try:
-        for step in range(8):
-            worker.submit(_packet(step, 1e4 if step == 6 else 1.0))
-        assert worker.flush(10)
+        _eight_steps(tmp_path, [broken, got.append])  # a spike at step 6
     finally:
-        worker.close()
         set_raise_internal_errors(old)
     assert internal_error_counts().get("monitor sink broken", 0) - before == 8
     assert [s.step for s in got] == list(range(8))
@@ -55,14 +62,7 @@ def test_values_are_gathered_only_while_a_sink_wants_them(tmp_path):
         def __call__(self, values: StepValues) -> None:
             got.append(values)
 
-    worker = Worker(str(tmp_path), detector=Detector(rules_from(10, 3, 5.0, {})), ndigits=6, per_file=100,
-                    stream=io.StringIO(), sinks=[AnomaliesOnly()])
-    try:
-        for step in range(8):
-            worker.submit(_packet(step, 1e4 if step == 6 else 1.0))
-        assert worker.flush(10)
-    finally:
-        worker.close()
+    _eight_steps(tmp_path, [AnomaliesOnly()])
     assert [s.step for s in got] == list(range(8)) and not any(s.values for s in got)
     assert [(a.prefix, a.name) for a in got[6].anomalies][:1] == [("grad_reduced", "fc.weight")]
 
