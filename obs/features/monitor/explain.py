@@ -19,8 +19,8 @@ from obs.features.monitor.layout import kind_stage
 from obs.features.monitor.reader import MonitorRun, Series
 from obs.settings.monitor_options import MONITOR_OPTIONS
 
-__all__ = ["Explanation", "Finding", "Mover", "Movers", "explain", "findings", "loss_after", "movers", "rules_of",
-           "scores"]
+__all__ = ["Explanation", "Finding", "Mover", "Movers", "explain", "findings", "loss_after", "movers", "movers_window",
+           "rules_of", "scores"]
 
 _STAGE = {"forward": 0, "backward": 1, "communication": 2, "optimizer": 3}
 _SERIES = {"actv": 0, "grad_unreduced": 1, "grad_reduced": 2, "other": 3, "exp_avg": 4, "exp_avg_sq": 5,
@@ -232,12 +232,17 @@ def movers(run: MonitorRun, *, top: int = 6, step: int | None = None, rows: int 
     scored.sort(key=lambda item: (-item[0], item[1].name))
     chosen = scored[:top]
     picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank, s.micro) for score, s, at in chosen]
-    all_steps = run.steps
-    if not chosen or not all_steps:
-        return Movers(run.folder, picked, [], [])
-    center = step if step is not None else chosen[0][2]
+    center = step if step is not None or not chosen else chosen[0][2]
+    return movers_window(run.folder, picked, [s for _, s, _ in chosen], run.steps, center, rows)
+
+
+def movers_window(root: str, picked: list[Mover], series: list[Series], all_steps: list[int], center: int | None,
+                  rows: int) -> Movers:
+    """The picked series' values over ``rows`` of ``all_steps`` around ``center`` (none without series or steps)."""
+    if not series or not all_steps or center is None:
+        return Movers(root, picked, [], [])
     at = min(range(len(all_steps)), key=lambda i: abs(all_steps[i] - center))
     lo = max(0, at - rows // 2)
     steps = all_steps[lo:lo + rows]
-    lookup = [dict(zip(s.steps, s.values)) for _, s, _ in chosen]
-    return Movers(run.folder, picked, steps, [[table.get(st) for table in lookup] for st in steps])
+    lookup = [dict(zip(s.steps, s.values)) for s in series]
+    return Movers(root, picked, steps, [[table.get(st) for table in lookup] for st in steps])

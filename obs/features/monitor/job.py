@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from obs.features.monitor.clock import host_offsets, read_times
-from obs.features.monitor.explain import Finding, Mover, Movers, findings, loss_after, rules_of, scores
+from obs.features.monitor.explain import Finding, Mover, Movers, findings, loss_after, movers_window, rules_of, scores
 from obs.features.monitor.layout import RUN_FOLDER
 from obs.features.monitor.reader import MonitorRun, list_runs, newest_write, read_meta, read_run
 
@@ -266,12 +266,6 @@ def job_movers(job: Job, runs: list[MonitorRun], *, top: int = 6, step: int | No
     scored.sort(key=lambda item: (-item[0], item[2].name, _rank_key(item[1].rank)))
     chosen = scored[:top]
     picked = [Mover(s.name, s.kind, s.stat, s.prefix, score, at, run.rank, s.micro) for score, run, s, at in chosen]
-    all_steps = sorted({s for run in runs for s in run.steps})
-    if not chosen or not all_steps:
-        return Movers(job.root, picked, [], [])
-    center = step if step is not None else chosen[0][3]
-    at = min(range(len(all_steps)), key=lambda i: abs(all_steps[i] - center))
-    lo = max(0, at - rows // 2)
-    steps = all_steps[lo:lo + rows]
-    lookup = [dict(zip(s.steps, s.values)) for _, _, s, _ in chosen]
-    return Movers(job.root, picked, steps, [[table.get(st) for table in lookup] for st in steps])
+    center = step if step is not None or not chosen else chosen[0][3]
+    return movers_window(job.root, picked, [s for _, _, s, _ in chosen], sorted({s for run in runs for s in run.steps}),
+                         center, rows)
